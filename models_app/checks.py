@@ -1,0 +1,108 @@
+"""System checks for settings that parse but are wrong (STYLE 11). Ids are stable: never reuse one.
+
+routerpanel.E001  DATABASE_URL names an engine other than PostgreSQL or SQLite
+routerpanel.E002  REDIS_URL is not a redis://, rediss:// or unix:// URL
+routerpanel.E003  the data directory is not writable
+routerpanel.W001  the default server binary is not on PATH
+routerpanel.W002  DEBUG is on while the panel listens beyond loopback
+routerpanel.W003  SECRET_KEY is shorter than 32 characters
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+
+SUPPORTED_ENGINES = ("django.db.backends.postgresql", "django.db.backends.sqlite3")
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
+
+
+@register()
+def check_database(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    engine = settings.DATABASES["default"]["ENGINE"]
+    if engine not in SUPPORTED_ENGINES:
+        return [
+            Error(
+                f"DATABASE_URL selects {engine}; RouterPanel supports PostgreSQL and SQLite.",
+                hint="Use postgres://user@host:5432/db, or unset DATABASE_URL for SQLite.",
+                id="routerpanel.E001",
+            )
+        ]
+    return []
+
+
+@register()
+def check_redis_url(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    url = settings.REDIS_URL
+    if url and urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        return [
+            Error(
+                f"REDIS_URL={url!r} is not a redis://, rediss:// or unix:// URL.",
+                hint="For example redis://127.0.0.1:6379/0; unset it for embedded mode.",
+                id="routerpanel.E002",
+            )
+        ]
+    return []
+
+
+@register()
+def check_data_dir(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    if not os.access(settings.DATA_DIR, os.W_OK):
+        return [
+            Error(
+                f"The data directory {settings.DATA_DIR} is not writable.",
+                hint="Set ROUTERPANEL_DATA_DIR (or serve --data-dir) to a writable directory.",
+                id="routerpanel.E003",
+            )
+        ]
+    return []
+
+
+@register()
+def check_server_bin(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    command = settings.ROUTERPANEL["SERVER_BIN"]
+    try:
+        program = shlex.split(command)[0]
+    except (ValueError, IndexError):
+        program = command
+    if shutil.which(program) is None:
+        return [
+            Warning(
+                f"The server binary {program!r} is not on PATH.",
+                hint="Set ROUTERPANEL_SERVER_BIN, pass serve --server-bin, or try serve --demo.",
+                id="routerpanel.W001",
+            )
+        ]
+    return []
+
+
+@register()
+def check_debug_exposure(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    if settings.DEBUG and set(settings.ALLOWED_HOSTS) - LOOPBACK_HOSTS:
+        return [
+            Warning(
+                "DEBUG is on and ALLOWED_HOSTS reaches beyond loopback: tracebacks will leak.",
+                hint="Set DEBUG=false for a team deployment.",
+                id="routerpanel.W002",
+            )
+        ]
+    return []
+
+
+@register()
+def check_secret_key(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    if len(settings.SECRET_KEY) < 32:
+        return [
+            Warning(
+                "SECRET_KEY is shorter than 32 characters.",
+                hint="Unset SECRET_KEY to use a generated one, or set a long random value.",
+                id="routerpanel.W003",
+            )
+        ]
+    return []

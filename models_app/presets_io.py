@@ -1,0 +1,143 @@
+"""Import and export llama.cpp preset INI files to and from the database, all or nothing.
+
+Used by the ``import_presets`` / ``export_presets`` commands, by ``serve --models-preset`` and by
+the preset pages. An import parses and checks the whole file first, then applies every change in
+one transaction: a bad line anywhere leaves the database exactly as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from models_app.models import Preset, RouterSettings
+from routerpanel.router import ini, presets
+
+
+@dataclass
+class ImportReport:
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    global_changed: bool = False
+    warnings: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.updated or self.deleted or self.global_changed)
+
+    def summary(self) -> str:
+        verb = "would be" if self.dry_run else ""
+        parts = [
+            f"{len(self.created)} created",
+            f"{len(self.updated)} updated",
+            f"{len(self.unchanged)} unchanged",
+        ]
+        if self.deleted:
+            parts.append(f"{len(self.deleted)} deleted")
+        if self.global_changed:
+            parts.append("[*] updated")
+        text = ", ".join(parts)
+        return f"{text} ({verb} applied: dry run)" if self.dry_run else text
+
+
+class _DryRun(Exception):
+    """Raised inside the transaction to roll a dry run back."""
+
+
+def import_presets(
+    text: str | bytes,
+    *,
+    source: str = "<preset>",
+    replace: bool = False,
+    dry_run: bool = False,
+    user: object | None = None,
+) -> ImportReport:
+    """Apply a preset file; raise ``ini.IniError`` (naming the line) and change nothing on error.
+
+    ``replace`` deletes presets the file does not name. The ``[*]`` section replaces the stored
+    global options when the file has one (and clears them under ``replace``).
+    """
+    parsed = presets.parse_presets(text, source)
+    report = ImportReport(warnings=[str(w) for w in parsed.warnings], dry_run=dry_run)
+    try:
+        with transaction.atomic():
+            _apply(parsed, report, replace=replace, user=user, source=source)
+            if dry_run:
+                raise _DryRun
+    except _DryRun:
+        pass
+    return report
+
+
+def _apply(
+    parsed: presets.ParsedPresets,
+    report: ImportReport,
+    *,
+    replace: bool,
+    user: object | None,
+    source: str,
+) -> None:
+    existing = {p.name: p for p in Preset.objects.select_for_update()}
+    for definition in parsed.presets:
+        row = existing.get(definition.name)
+        if row is not None and row.to_def() == definition:
+            report.unchanged.append(definition.name)
+            continue
+        if row is None:
+            row = Preset()
+            report.created.append(definition.name)
+        else:
+            report.updated.append(definition.name)
+        row.apply_def(definition)
+        if user is not None:
+            row.updated_by = user
+        _full_clean(row, source, parsed.lines.get(definition.name, 0))
+        row.save()
+    if replace:
+        named = {d.name for d in parsed.presets}
+        for name, row in existing.items():
+            if name not in named:
+                row.delete()
+                report.deleted.append(name)
+    _check_stored_aliases(source)
+    settings_row = RouterSettings.load()
+    if parsed.global_def is not None or replace:
+        before = settings_row.global_args
+        settings_row.set_global_def(parsed.global_def)
+        if settings_row.global_args != before:
+            report.global_changed = True
+            settings_row.save()
+
+
+def _full_clean(row: Preset, source: str, line: int) -> None:
+    try:
+        row.full_clean()
+    except ValidationError as exc:
+        details = "; ".join(
+            f"{field}: {' '.join(msgs)}" for field, msgs in exc.message_dict.items()
+        )
+        raise ini.IniError(f"preset '{row.name}': {details}", line, source) from None
+
+
+def _check_stored_aliases(source: str) -> None:
+    """Names and aliases must stay unique across the stored presets, not only within the file."""
+    presets.check_aliases([p.to_def() for p in Preset.objects.all()], source)
+
+
+def export_presets(*, llama_compatible: bool = False, header: str = "") -> str:
+    """Render every stored preset (and ``[*]``) as a preset file."""
+    settings_row = RouterSettings.load()
+    definitions = [p.to_def() for p in Preset.objects.order_by("name")]
+    return presets.render_presets(
+        settings_row.global_def(), definitions, llama_compatible=llama_compatible, header=header
+    )
+
+
+def skipped_by_llama_export() -> list[str]:
+    """Presets a llama.cpp-compatible export leaves out (own server binary, or disabled)."""
+    return [p.name for p in Preset.objects.order_by("name") if p.server_bin or not p.enabled]

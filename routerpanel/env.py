@@ -1,0 +1,96 @@
+"""Read settings from the environment, failing loudly on values that do not parse (STYLE 11).
+
+A typo in a deployment variable must stop the process at start-up with a message that names the
+variable, never silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
+class EnvError(ValueError):
+    """A variable is set but its value cannot be used."""
+
+
+def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
+    value = (os.environ if environ is None else environ).get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def envstr(name: str, default: str = "", environ: Mapping[str, str] | None = None) -> str:
+    value = _raw(name, environ)
+    return default if value is None else value
+
+
+def envbool(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """Return a boolean: only true/false (and 1/0, yes/no, on/off) are accepted."""
+    value = _raw(name, environ)
+    if value is None:
+        return default
+    word = value.lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise EnvError(f"{name}={value!r} is not a boolean; use true or false")
+
+
+def envint(
+    name: str,
+    default: int,
+    environ: Mapping[str, str] | None = None,
+    *,
+    minimum: int | None = None,
+) -> int:
+    """Return an integer; junk or a value below ``minimum`` raises."""
+    value = _raw(name, environ)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise EnvError(f"{name}={value!r} is not an integer") from None
+    if minimum is not None and number < minimum:
+        raise EnvError(f"{name}={number} must be at least {minimum}")
+    return number
+
+
+def envlist(name: str, default: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """Return a comma-separated list with blanks dropped."""
+    value = _raw(name, environ)
+    if value is None:
+        return list(default)
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def envpath(name: str, default: Path, environ: Mapping[str, str] | None = None) -> Path:
+    value = _raw(name, environ)
+    return (Path(value) if value is not None else default).expanduser().resolve()
+
+
+def secret_key_from(data_dir: Path, environ: Mapping[str, str] | None = None) -> str:
+    """Return SECRET_KEY, or a key generated once and kept in the data dir (mode 0600)."""
+    given = _raw("SECRET_KEY", environ)
+    if given is not None:
+        return given
+    path = data_dir / "secret_key"
+    if path.exists():
+        key = path.read_text().strip()
+        if key:
+            return key
+    import secrets
+
+    key = secrets.token_urlsafe(50)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key + "\n")
+    return key

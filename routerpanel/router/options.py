@@ -1,0 +1,145 @@
+"""Look up llama-server's command-line options by preset key and render them as argv.
+
+Standard library only, so the INI parser, the engine and the tests can use it without Django.
+The table (``llama_options.json``) is generated from llama.cpp's ``common/arg.cpp`` by
+``tools/gen_llama_options.py`` and lists exactly the options of ``llama-server`` (rule 11.10).
+Preset-only keys (``load-on-startup``, ``stop-timeout``, ``dedup-cache-models``, rule 11.14) are
+not options and are unknown here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from types import MappingProxyType
+from typing import Any
+
+PACKAGE = __name__.rpartition(".")[0]
+TABLE_FILE = "llama_options.json"
+TRUTHY = frozenset({"on", "enabled", "true", "1"})
+FALSEY = frozenset({"off", "disabled", "false", "0"})
+
+
+@dataclass(frozen=True)
+class LlamaOption:
+    """One ``llama-server`` option, with its spellings in declared order."""
+
+    args: tuple[str, ...]
+    args_neg: tuple[str, ...]
+    env: str | None
+    takes_value: bool
+    takes_two_values: bool
+
+    @property
+    def key(self) -> str:
+        """Return the last declared spelling without dashes: the name ``to_ini`` writes (11.17)."""
+        return self.args[-1].lstrip("-")
+
+    @property
+    def sort_key(self) -> bytes:
+        """Return the first declared spelling, dashes included, as bytes (11.16 step 1)."""
+        return self.args[0].encode()
+
+    @property
+    def env_neg(self) -> str | None:
+        """Return the derived ``LLAMA_ARG_NO_<X>`` name, or None without env or negative form.
+
+        Like ``common_arg::get_env``, every ``LLAMA_ARG_`` is replaced, so an env name without
+        that prefix would derive to itself (no option of this build has that shape).
+        """
+        if self.env is None or not self.args_neg:
+            return None
+        return self.env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_")
+
+
+@dataclass(frozen=True)
+class _Table:
+    options: tuple[LlamaOption, ...]
+    by_key: Mapping[str, tuple[LlamaOption, bool]]
+
+
+def lookup(key: str) -> tuple[LlamaOption, bool] | None:
+    """Return the option a preset key names and whether the key is a negative spelling.
+
+    ``key`` is any spelling without its leading dashes (short, long or negative), the env name,
+    or the derived ``LLAMA_ARG_NO_<X>`` name; matching is case-sensitive. The flag is True only
+    for a negative spelling (rule 11.12 inverts its value); the ``LLAMA_ARG_NO_`` env form gives
+    False because llama.cpp stores it without inversion (quirk 11.12). None when unknown.
+    """
+    return _table().by_key.get(key)
+
+
+def is_truthy(value: str) -> bool:
+    """Return True for exactly ``on``, ``enabled``, ``true`` or ``1`` (rule 11.13)."""
+    return value in TRUTHY
+
+
+def is_falsey(value: str) -> bool:
+    """Return True for exactly ``off``, ``disabled``, ``false`` or ``0`` (rule 11.13)."""
+    return value in FALSEY
+
+
+def stored_value(option: LlamaOption, negative: bool, value: str) -> str:
+    """Return the value a preset stores for ``key = value`` (rule 11.12).
+
+    A negative spelling stores ``"false"`` for a truthy value and ``"true"`` for anything else
+    (so ``no-warmup = yes`` means warmup on); every other key stores the value as written.
+    """
+    if negative and option.args_neg:
+        return "false" if is_truthy(value) else "true"
+    return value
+
+
+def render(option: LlamaOption, value: str) -> list[str]:
+    """Return the argv items for one stored option (rule 11.16 steps 3-5 and 7).
+
+    Raises ValueError for an option that takes two values, as ``common_preset::to_args`` does.
+    """
+    if option.takes_two_values:
+        raise ValueError(f"option '{option.args[-1]}' has two values, which is not supported yet")
+    if option.takes_value:
+        return [option.args[-1], value]
+    if not is_falsey(value):
+        return [option.args[-1]]
+    if option.args_neg:
+        return [option.args_neg[-1]]
+    return []
+
+
+def all_options() -> tuple[LlamaOption, ...]:
+    """Return every option of ``llama-server`` in declared order."""
+    return _table().options
+
+
+@cache
+def _table() -> _Table:
+    text = resources.files(PACKAGE).joinpath(TABLE_FILE).read_text(encoding="utf-8")
+    options = tuple(_option(record) for record in json.loads(text)["options"])
+    return _Table(options, MappingProxyType(_index(options)))
+
+
+def _option(record: dict[str, Any]) -> LlamaOption:
+    return LlamaOption(
+        args=tuple(record["args"]),
+        args_neg=tuple(record["args_neg"]),
+        env=record["env"],
+        takes_value=bool(record["takes_value"]),
+        takes_two_values=bool(record["takes_two_values"]),
+    )
+
+
+def _index(options: tuple[LlamaOption, ...]) -> dict[str, tuple[LlamaOption, bool]]:
+    """Map every key to its option, later options overwriting earlier ones (get_map_key_opt)."""
+    by_key: dict[str, tuple[LlamaOption, bool]] = {}
+    for option in options:
+        for env in (option.env, option.env_neg):
+            if env is not None:
+                by_key[env] = (option, False)
+        for spelling in option.args:
+            by_key[spelling.lstrip("-")] = (option, False)
+        for spelling in option.args_neg:
+            by_key[spelling.lstrip("-")] = (option, True)
+    return by_key

@@ -1,0 +1,315 @@
+"""Give meaning to the keys of a preset INI: llama-server options, router keys, RouterPanel keys.
+
+``ini.py`` reads the text; this module turns each section into a ``PresetDef`` (and ``[*]`` into
+the global one), checks every key the way llama.cpp b11434 does (ROUTER_SPEC §11.C), and turns
+definitions back into sections for export. Pure: no Django, no I/O.
+
+Three kinds of keys:
+
+* llama-server options, in any spelling llama.cpp accepts (``c``, ``ctx-size``,
+  ``LLAMA_ARG_CTX_SIZE``, ``no-warmup``). The ``alias`` option fills ``aliases`` and the ``model``
+  option fills ``model_path``; the others stay in ``args`` as written, in file order.
+* llama.cpp's router-only keys: ``load-on-startup``, ``stop-timeout``, ``dedup-cache-models``.
+* RouterPanel's keys, which llama.cpp would reject, so ``--llama-compatible`` export leaves them
+  out: ``server-bin``, ``pinned``, ``ttl``, ``load-timeout``, ``memory``, ``enabled`` and
+  ``env.NAME``.
+
+A section with its own ``server-bin`` runs another program with flags of its own, so its unknown
+keys are passed through as ``--key value`` instead of being rejected.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from routerpanel.router import ini, options
+
+LLAMA_ROUTER_KEYS = ("load-on-startup", "stop-timeout", "dedup-cache-models")
+# llama.cpp also accepts the router keys under these pseudo environment names.
+ROUTER_KEY_ENV_NAMES = {
+    "__PRESET_LOAD_ON_STARTUP": "load-on-startup",
+    "__PRESET_STOP_TIMEOUT": "stop-timeout",
+    "__PRESET_DEDUP_CACHE_MODELS": "dedup-cache-models",
+}
+ROUTERPANEL_KEYS = ("server-bin", "pinned", "ttl", "load-timeout", "memory", "enabled")
+ENV_PREFIX = "env."
+DEFAULT_STOP_TIMEOUT = 10
+# Options the router sets or strips itself (ROUTER_SPEC 4.2, 12.4): never rendered from a preset.
+RESERVED_KEYS = frozenset(
+    {
+        "ssl-key-file",
+        "ssl-cert-file",
+        "api-key",
+        "api-key-file",
+        "models-dir",
+        "models-max",
+        "models-preset",
+        "models-autoload",
+        "host",
+        "port",
+    }
+)
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LEADING_INT = re.compile(r"[ \t\n\v\f\r]*([+-]?\d+)")
+_SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]?)(?:i?B)?", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+@dataclass(frozen=True)
+class PresetDef:
+    """One model's preset as RouterPanel stores it. ``None`` means "not set here"."""
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    model_path: str = ""
+    args: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    stop_timeout: int | None = None
+    load_on_startup: bool | None = None
+    pinned: bool | None = None
+    ttl: int | None = None
+    load_timeout: int | None = None
+    memory: int | None = None
+    server_bin: str = ""
+    enabled: bool = True
+
+
+@dataclass
+class ParsedPresets:
+    global_def: PresetDef | None
+    presets: list[PresetDef]
+    warnings: list[ini.IniWarning] = field(default_factory=list)
+    lines: dict[str, int] = field(default_factory=dict)
+
+
+def parse_presets(text: str | bytes, source: str = "<preset>") -> ParsedPresets:
+    """Parse and check a whole preset file; raise ``ini.IniError`` naming the first bad line."""
+    doc = ini.parse(text, source)
+    warnings = list(doc.warnings)
+    global_section = doc.global_section
+    global_def = None
+    if global_section is not None:
+        global_def = section_to_def(global_section, source, warnings)
+    presets = [section_to_def(s, source, warnings) for s in doc.model_sections]
+    check_aliases(presets, source)
+    lines = {s.name: s.line for s in doc.model_sections}
+    return ParsedPresets(global_def, presets, warnings, lines)
+
+
+def section_to_def(
+    section: ini.Section, source: str, warnings: list[ini.IniWarning] | None = None
+) -> PresetDef:
+    """Check each key of ``section`` and sort it into a ``PresetDef``."""
+    sink = warnings if warnings is not None else []
+    fields: dict[str, object] = {}
+    args: list[tuple[str, str]] = []
+    env: list[tuple[str, str]] = []
+    aliases: tuple[str, ...] = ()
+    model_path = ""
+    passthrough = section.get("server-bin") is not None
+    for entry in section.entries:
+        key, value = ROUTER_KEY_ENV_NAMES.get(entry.key, entry.key), entry.value
+        try:
+            if key.startswith(ENV_PREFIX):
+                env.append((_env_name(key), value))
+            elif key in ROUTERPANEL_KEYS or key in LLAMA_ROUTER_KEYS:
+                _router_key(key, value, entry.line, fields, sink)
+            else:
+                found = options.lookup(key)
+                if found is not None and found[0].key == "alias":
+                    aliases = split_list(value)
+                elif found is not None and found[0].key == "model":
+                    model_path = value
+                elif found is None and not passthrough:
+                    raise ValueError(f"option '{key}' not recognized in preset '{section.name}'")
+                else:
+                    args.append((key, value))
+        except ValueError as exc:
+            raise ini.IniError(str(exc), entry.line, source) from None
+    return PresetDef(
+        name=section.name,
+        aliases=aliases,
+        model_path=model_path,
+        args=tuple(args),
+        env=tuple(env),
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def _env_name(key: str) -> str:
+    name = key[len(ENV_PREFIX) :]
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError(f"'{key}': environment variable names use letters, digits and '_'")
+    return name
+
+
+def _router_key(
+    key: str, value: str, line: int, fields: dict[str, object], warnings: list[ini.IniWarning]
+) -> None:
+    if key == "stop-timeout":
+        fields["stop_timeout"] = parse_stop_timeout(value, line, warnings)
+    elif key == "load-on-startup":
+        if not (options.is_truthy(value) or options.is_falsey(value)):
+            warnings.append(ini.IniWarning(line, f"load-on-startup = {value!r} counts as false"))
+        fields["load_on_startup"] = options.is_truthy(value)
+    elif key == "dedup-cache-models":
+        warnings.append(ini.IniWarning(line, "dedup-cache-models has no effect in RouterPanel"))
+    elif key == "server-bin":
+        fields["server_bin"] = check_server_bin(value)
+    elif key in ("pinned", "enabled"):
+        fields[key] = parse_bool(key, value)
+    elif key in ("ttl", "load-timeout"):
+        fields[key.replace("-", "_")] = parse_seconds(key, value)
+    elif key == "memory":
+        fields["memory"] = parse_size(value)
+
+
+def parse_stop_timeout(value: str, line: int, warnings: list[ini.IniWarning]) -> int:
+    """Read ``stop-timeout`` like C's ``stoi`` (ROUTER_SPEC 2.12), warning where it guesses."""
+    match = _LEADING_INT.match(value)
+    if match is None:
+        warnings.append(ini.IniWarning(line, f"stop-timeout = {value!r} is not a number; using 10"))
+        return DEFAULT_STOP_TIMEOUT
+    number = int(match.group(1))
+    if match.end() != len(value):
+        warnings.append(ini.IniWarning(line, f"stop-timeout = {value!r} read as {number}"))
+    if number < 0:
+        warnings.append(ini.IniWarning(line, f"stop-timeout = {number} means 0 (kill at once)"))
+        return 0
+    return number
+
+
+def parse_bool(key: str, value: str) -> bool:
+    if options.is_truthy(value):
+        return True
+    if options.is_falsey(value):
+        return False
+    raise ValueError(f"{key} = {value!r}: use true or false (also on/off, 1/0)")
+
+
+def parse_seconds(key: str, value: str) -> int:
+    if not value.isdigit():
+        raise ValueError(f"{key} = {value!r}: expected a whole number of seconds (0 or more)")
+    return int(value)
+
+
+def parse_size(value: str) -> int:
+    """Read a byte size such as ``8589934592``, ``8G``, ``512MiB`` or ``1.5GB`` (binary units)."""
+    match = _SIZE.fullmatch(value.strip())
+    if match is None:
+        raise ValueError(f"memory = {value!r}: expected a size such as 8G, 512M or 1073741824")
+    return int(float(match.group("number")) * _UNITS[match.group("unit").upper()])
+
+
+def format_size(size: int) -> str:
+    """Write a byte size with the largest binary unit that divides it exactly."""
+    for unit in ("T", "G", "M", "K"):
+        if size and size % _UNITS[unit] == 0:
+            return f"{size // _UNITS[unit]}{unit}"
+    return str(size)
+
+
+def check_server_bin(value: str) -> str:
+    """Check that ``value`` splits like a shell command line; it is never run through a shell."""
+    try:
+        words = shlex.split(value)
+    except ValueError as exc:
+        raise ValueError(f"server-bin = {value!r}: {exc}") from None
+    if not words:
+        raise ValueError("server-bin is empty")
+    return value
+
+
+def split_list(value: str) -> tuple[str, ...]:
+    """Split ``a, b,,c`` into a sorted set, as llama.cpp reads aliases (ROUTER_SPEC 2.7)."""
+    return tuple(sorted({part.strip() for part in value.split(",") if part.strip()}))
+
+
+def check_aliases(presets: Iterable[PresetDef], source: str = "<preset>") -> None:
+    """Reject names and aliases that collide, with llama.cpp's messages (ROUTER_SPEC 2.9)."""
+    ordered = sorted(presets, key=lambda p: p.name.encode())
+    names = {p.name for p in ordered}
+    owner: dict[str, str] = {}
+    for preset in ordered:
+        if preset.name in owner:
+            raise ini.IniError(
+                f"model name '{preset.name}' conflicts with alias of model '{owner[preset.name]}'",
+                source=source,
+            )
+        for alias in preset.aliases:
+            if alias in names and alias != preset.name:
+                raise ini.IniError(
+                    f"alias '{alias}' for model '{preset.name}' conflicts with existing model name",
+                    source=source,
+                )
+            if alias in owner and owner[alias] != preset.name:
+                raise ini.IniError(
+                    f"alias '{alias}' for model '{preset.name}' conflicts with alias of "
+                    f"model '{owner[alias]}'",
+                    source=source,
+                )
+            owner[alias] = preset.name
+
+
+def def_to_section(preset: PresetDef, *, llama_compatible: bool = False) -> ini.Section:
+    """Write ``preset`` as a section; ``llama_compatible`` leaves RouterPanel's keys out."""
+    section = ini.Section(preset.name, preset.name)
+    if preset.model_path:
+        section.set("model", preset.model_path)
+    if preset.aliases:
+        section.set("alias", ",".join(preset.aliases))
+    for key, value in preset.args:
+        section.set(key, value)
+    if preset.stop_timeout is not None:
+        section.set("stop-timeout", str(preset.stop_timeout))
+    if preset.load_on_startup is not None:
+        section.set("load-on-startup", "true" if preset.load_on_startup else "false")
+    if llama_compatible:
+        return section
+    for key, value in _routerpanel_pairs(preset):
+        section.set(key, value)
+    return section
+
+
+def _routerpanel_pairs(preset: PresetDef) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    if preset.server_bin:
+        pairs.append(("server-bin", preset.server_bin))
+    if preset.pinned is not None:
+        pairs.append(("pinned", "true" if preset.pinned else "false"))
+    if preset.ttl is not None:
+        pairs.append(("ttl", str(preset.ttl)))
+    if preset.load_timeout is not None:
+        pairs.append(("load-timeout", str(preset.load_timeout)))
+    if preset.memory is not None:
+        pairs.append(("memory", format_size(preset.memory)))
+    if not preset.enabled:
+        pairs.append(("enabled", "false"))
+    pairs.extend((ENV_PREFIX + name, value) for name, value in preset.env)
+    return pairs
+
+
+def render_presets(
+    global_def: PresetDef | None,
+    presets: Iterable[PresetDef],
+    *,
+    llama_compatible: bool = False,
+    header: str = "",
+) -> str:
+    """Render a whole preset file; ``parse_presets`` reads it back to the same definitions."""
+    doc = ini.IniDocument()
+    if global_def is not None:
+        section = def_to_section(
+            replace(global_def, name=ini.GLOBAL_SECTION), llama_compatible=llama_compatible
+        )
+        if section.entries:
+            doc.sections.append(section)
+    for preset in presets:
+        if llama_compatible and (preset.server_bin or not preset.enabled):
+            continue  # llama.cpp would run llama-server for it, or run a disabled model
+        doc.sections.append(def_to_section(preset, llama_compatible=llama_compatible))
+    return ini.render(doc, header=header)

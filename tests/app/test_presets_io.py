@@ -1,0 +1,154 @@
+"""import_presets / export_presets against the database: all or nothing, and round trips."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from models_app.models import Preset, RouterSettings
+from models_app.presets_io import export_presets, import_presets
+from routerpanel.router.ini import IniError
+
+pytestmark = pytest.mark.django_db
+
+FILE = """version = 1
+[*]
+c = 8192
+stop-timeout = 5
+
+[org/gemma-GGUF:q4_k_m]
+model = /models/gemma.gguf
+jinja = true
+no-warmup = 1
+alias = gemma,g3
+load-on-startup = true
+
+[sim]
+server-bin = python -m routerpanel.router.simserver
+sim-load-ms = 200
+pinned = true
+ttl = 600
+memory = 2G
+"""
+
+
+def run(*args: str) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    call_command(*args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def snapshot() -> list[dict[str, object]]:
+    rows = Preset.objects.order_by("name").values()
+    return [{k: v for k, v in row.items() if k not in ("created_at", "updated_at")} for row in rows]
+
+
+@pytest.fixture
+def ini_file(tmp_path: Path) -> Path:
+    path = tmp_path / "models.ini"
+    path.write_text(FILE)
+    return path
+
+
+class TestImport:
+    def test_it_creates_presets_and_the_global_section(self, ini_file: Path) -> None:
+        out, _ = run("import_presets", str(ini_file))
+        assert "2 created, 0 updated, 0 unchanged, [*] updated" in out
+        gemma = Preset.objects.get(name="org/gemma-GGUF:Q4_K_M")
+        assert gemma.model_path == "/models/gemma.gguf"
+        assert gemma.aliases == ["g3", "gemma"]
+        assert gemma.args == [["jinja", "true"], ["no-warmup", "1"]]
+        assert gemma.load_on_startup is True
+        sim = Preset.objects.get(name="sim")
+        assert (sim.pinned, sim.ttl, sim.memory_estimate) == (True, 600, 2 << 30)
+        assert RouterSettings.load().global_args == [["c", "8192"], ["stop-timeout", "5"]]
+
+    def test_importing_the_same_file_again_changes_nothing(self, ini_file: Path) -> None:
+        run("import_presets", str(ini_file))
+        before = snapshot()
+        out, _ = run("import_presets", str(ini_file))
+        assert "0 created, 0 updated, 2 unchanged" in out
+        assert snapshot() == before
+
+    def test_a_changed_preset_is_reported_as_updated(self, ini_file: Path) -> None:
+        run("import_presets", str(ini_file))
+        ini_file.write_text(FILE.replace("sim-load-ms = 200", "sim-load-ms = 300"))
+        out, _ = run("import_presets", str(ini_file))
+        assert "  updated: sim" in out
+        assert "0 created, 1 updated, 1 unchanged" in out
+
+    def test_a_bad_line_in_the_middle_leaves_the_database_untouched(self, ini_file: Path) -> None:
+        run("import_presets", str(ini_file))
+        before, settings_before = snapshot(), RouterSettings.load().global_args
+        broken = FILE.replace("sim-load-ms = 200", "sim-load-ms = 300") + "[new]\nc = 1\n"
+        broken = broken.replace("jinja = true", "jinja = true\n  indented = 1")
+        ini_file.write_text(broken)
+        with pytest.raises(CommandError) as caught:
+            run("import_presets", str(ini_file))
+        assert f"{ini_file}:9: keys and section headers must start in column 0" in str(caught.value)
+        assert "Nothing was imported." in str(caught.value)
+        assert snapshot() == before
+        assert RouterSettings.load().global_args == settings_before
+
+    def test_a_preset_the_database_rejects_rolls_back_the_earlier_ones(self) -> None:
+        text = "[a]\nc = 1\n[b]\nc = 2\n[z]\nmodel = /x.gguf\nstop-timeout = 1\n"
+        Preset.objects.create(name="other", aliases=["z"])
+        with pytest.raises(IniError, match="conflicts with"):
+            import_presets(text)
+        assert list(Preset.objects.values_list("name", flat=True)) == ["other"]
+
+    def test_dry_run_reports_without_changing_anything(self, ini_file: Path) -> None:
+        out, _ = run("import_presets", str(ini_file), "--dry-run")
+        assert "2 created" in out and "dry run" in out
+        assert Preset.objects.count() == 0
+        assert RouterSettings.load().global_args == []
+
+    def test_replace_deletes_presets_the_file_does_not_name(self, ini_file: Path) -> None:
+        Preset.objects.create(name="old")
+        out, _ = run("import_presets", str(ini_file), "--replace")
+        assert "  deleted: old" in out
+        assert not Preset.objects.filter(name="old").exists()
+
+    def test_without_replace_other_presets_stay(self, ini_file: Path) -> None:
+        Preset.objects.create(name="old")
+        run("import_presets", str(ini_file))
+        assert Preset.objects.filter(name="old").exists()
+
+    def test_warnings_are_printed(self, tmp_path: Path) -> None:
+        path = tmp_path / "w.ini"
+        path.write_text("[a]\nstop-timeout = 15s\n")
+        _, err = run("import_presets", str(path))
+        assert "warning:" in err and "read as 15" in err
+        assert Preset.objects.get(name="a").stop_timeout == 15
+
+    def test_a_missing_file_gives_llama_cpps_message(self, tmp_path: Path) -> None:
+        with pytest.raises(CommandError, match="preset file does not exist"):
+            run("import_presets", str(tmp_path / "nope.ini"))
+
+
+class TestExport:
+    def test_export_then_import_is_a_no_op(self, ini_file: Path, tmp_path: Path) -> None:
+        run("import_presets", str(ini_file))
+        before, global_before = snapshot(), RouterSettings.load().global_args
+        out_file = tmp_path / "export.ini"
+        run("export_presets", "-o", str(out_file))
+        out, _ = run("import_presets", str(out_file), "--replace")
+        assert "0 created, 0 updated, 2 unchanged" in out
+        assert snapshot() == before
+        assert RouterSettings.load().global_args == global_before
+
+    def test_it_writes_to_standard_output(self, ini_file: Path) -> None:
+        run("import_presets", str(ini_file))
+        out, _ = run("export_presets")
+        assert "[*]\nc = 8192\nstop-timeout = 5\n" in out
+        assert "[org/gemma-GGUF:Q4_K_M]\nmodel = /models/gemma.gguf\nalias = g3,gemma\n" in out
+
+    def test_llama_compatible_export_leaves_routerpanel_keys_out(self, ini_file: Path) -> None:
+        run("import_presets", str(ini_file))
+        out, err = run("export_presets", "--llama-compatible")
+        assert "[sim]" not in out and "pinned" not in out and "server-bin" not in out
+        assert "left out sim" in err
+        assert export_presets(llama_compatible=True).count("[") == 2

@@ -1,0 +1,25 @@
+"""Test tiers: each top-level folder under tests/ is a tier and a pytest marker.
+
+Run one tier with ``pytest -m unit`` (or ``pytest tests/unit``). Outside CI a tier whose
+dependency is missing is skipped with the reason printed; with ``CI=true`` it fails instead,
+so a CI run can never go green by skipping what it was meant to test (DESIGN §9).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+TIERS = ("unit", "app", "process", "services", "browser", "llama")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            tier = Path(str(item.path)).resolve().relative_to(TESTS_DIR).parts[0]
+        except ValueError:
+            continue
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))

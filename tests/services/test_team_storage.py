@@ -1,0 +1,114 @@
+"""Team mode against the real services: PostgreSQL for presets, Redis for the channel layer.
+
+PostgreSQL (127.0.0.1:5432, trust auth) and Redis (127.0.0.1:6379) are started before every
+session and CI run on this kind of machine; elsewhere these tests skip, or fail under CI=true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.tiers import missing
+
+ROOT = Path(__file__).resolve().parents[2]
+PG_ADMIN_URL = os.environ.get(
+    "ROUTERPANEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("ROUTERPANEL_TEST_REDIS", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    psycopg = pytest.importorskip("psycopg")
+    name = f"rp_test_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        missing(f"PostgreSQL is not reachable at {PG_ADMIN_URL}: {exc}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def manage(database_url: str, data_dir: Path, *args: str, stdin: str | None = None) -> str:
+    env = {**os.environ, "DATABASE_URL": database_url, "ROUTERPANEL_DATA_DIR": str(data_dir)}
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_presets_round_trip_through_postgresql(pg_database: str, tmp_path: Path) -> None:
+    preset = tmp_path / "models.ini"
+    preset.write_text(
+        "[*]\nc = 4096\n[org/m:q4_k_m]\nmodel = /m.gguf\nno-warmup = 1\n[b]\nttl = 9\n"
+    )
+    manage(pg_database, tmp_path, "migrate", "--noinput")
+    assert "2 created" in manage(pg_database, tmp_path, "import_presets", str(preset))
+    exported = manage(pg_database, tmp_path, "export_presets")
+    assert "[org/m:Q4_K_M]" in exported
+    again = manage(pg_database, tmp_path, "import_presets", "-", stdin=exported)
+    assert "0 created, 0 updated, 2 unchanged" in again
+
+
+def test_the_redis_channel_layer_carries_a_message() -> None:
+    from channels_redis.core import RedisChannelLayer
+
+    async def round_trip() -> dict[str, object]:
+        layer = RedisChannelLayer(hosts=[REDIS_URL])
+        channel = await layer.new_channel()
+        await layer.send(channel, {"type": "router.ping", "n": 1})
+        message = await asyncio.wait_for(layer.receive(channel), timeout=5)
+        await layer.flush()
+        return message
+
+    try:
+        import redis
+
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except Exception as exc:
+        missing(f"Redis is not reachable at {REDIS_URL}: {exc}")
+    assert asyncio.run(round_trip()) == {"type": "router.ping", "n": 1}
+
+
+def test_redis_url_switches_settings_to_team_mode(tmp_path: Path) -> None:
+    code = (
+        "import django; django.setup(); from django.conf import settings as s; "
+        "print(s.CHANNEL_LAYERS['default']['BACKEND'], s.CELERY_TASK_ALWAYS_EAGER, "
+        "s.CELERY_BROKER_URL)"
+    )
+    env = {
+        **os.environ,
+        "REDIS_URL": REDIS_URL,
+        "ROUTERPANEL_DATA_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "routerpanel.settings",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    assert out == ["channels_redis.core.RedisChannelLayer", "False", REDIS_URL]

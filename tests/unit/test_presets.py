@@ -1,0 +1,226 @@
+"""What preset keys mean: llama-server options, router keys and RouterPanel keys (§11.C)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from routerpanel.router import ini, presets
+from routerpanel.router.presets import PresetDef, parse_presets, render_presets
+
+WORKED_EXAMPLE = """version = 1
+[*]
+c = 8192
+n-gpu-layers = 8
+stop-timeout = 5
+
+[ggml-org/gemma-3-4b-it-GGUF:q4_k_m]   ; canonicalized to ...:Q4_K_M
+jinja = true
+no-warmup = 1
+alias = gemma,g3
+load-on-startup = true
+
+[custom]
+model = /models/custom-Q4_K_M.gguf
+sleep-idle-seconds = 300
+"""
+
+
+class TestLlamaKeys:
+    def test_it_reads_the_worked_example(self) -> None:
+        parsed = parse_presets(WORKED_EXAMPLE)
+        assert parsed.global_def == PresetDef(
+            name="*", args=(("c", "8192"), ("n-gpu-layers", "8")), stop_timeout=5
+        )
+        gemma, custom = parsed.presets
+        assert gemma == PresetDef(
+            name="ggml-org/gemma-3-4b-it-GGUF:Q4_K_M",
+            aliases=("g3", "gemma"),
+            args=(("jinja", "true"), ("no-warmup", "1")),
+            load_on_startup=True,
+        )
+        assert custom.model_path == "/models/custom-Q4_K_M.gguf"
+        assert custom.args == (("sleep-idle-seconds", "300"),)
+
+    @pytest.mark.parametrize(
+        "key", ["c", "ctx-size", "LLAMA_ARG_CTX_SIZE", "no-warmup", "hf", "hf-repo", "temp", "ngl"]
+    )
+    def test_it_accepts_every_spelling_llama_cpp_accepts(self, key: str) -> None:
+        assert parse_presets(f"[m]\n{key} = 1\n").presets[0].args == ((key, "1"),)
+
+    def test_model_and_alias_spellings_fill_their_own_fields(self) -> None:
+        parsed = parse_presets("[m]\nm = /a.gguf\na = x, y,,x\n[n]\nLLAMA_ARG_MODEL = /b.gguf\n")
+        assert parsed.presets[0].model_path == "/a.gguf"
+        assert parsed.presets[0].aliases == ("x", "y")
+        assert parsed.presets[1].model_path == "/b.gguf"
+
+    def test_an_unknown_key_is_rejected_with_llama_cpps_message_and_the_line(self) -> None:
+        with pytest.raises(ini.IniError) as caught:
+            parse_presets("[m]\nc = 1\nno-mmap = 1\n", source="x.ini")
+        assert str(caught.value) == "x.ini:3: option 'no-mmap' not recognized in preset 'm'"
+
+    def test_keys_are_case_sensitive(self) -> None:
+        with pytest.raises(ini.IniError, match="option 'CTX-SIZE' not recognized"):
+            parse_presets("[m]\nCTX-SIZE = 1\n")
+
+    def test_a_preset_with_its_own_server_bin_passes_unknown_keys_through(self) -> None:
+        text = "[sim]\nserver-bin = python -m routerpanel.router.simserver\nsim-load-ms = 200\n"
+        preset = parse_presets(text).presets[0]
+        assert preset.server_bin == "python -m routerpanel.router.simserver"
+        assert preset.args == (("sim-load-ms", "200"),)
+
+    def test_the_global_section_is_checked_too(self) -> None:
+        with pytest.raises(ini.IniError, match=r":2: option 'bogus' not recognized in preset '\*'"):
+            parse_presets("[*]\nbogus = 1\n")
+
+
+class TestRouterKeys:
+    @pytest.mark.parametrize(
+        ("value", "expected", "warns"),
+        [
+            ("15", 15, False),
+            ("15s", 15, True),
+            (" +7", 7, False),
+            ("abc", 10, True),
+            ("-3", 0, True),
+        ],
+    )
+    def test_stop_timeout_is_read_like_c_stoi(self, value: str, expected: int, warns: bool) -> None:
+        parsed = parse_presets(f"[m]\nstop-timeout = {value}\n")
+        assert parsed.presets[0].stop_timeout == expected
+        assert bool(parsed.warnings) is warns
+
+    def test_router_keys_may_use_llama_cpps_pseudo_env_names(self) -> None:
+        text = "[m]\n__PRESET_STOP_TIMEOUT = 3\n__PRESET_LOAD_ON_STARTUP = 1\n"
+        preset = parse_presets(text).presets[0]
+        assert (preset.stop_timeout, preset.load_on_startup) == (3, True)
+
+    def test_load_on_startup_accepts_only_llama_truthy_words(self) -> None:
+        parsed = parse_presets("[a]\nload-on-startup = on\n[b]\nload-on-startup = yes\n")
+        assert [p.load_on_startup for p in parsed.presets] == [True, False]
+        assert "counts as false" in str(parsed.warnings[0])
+
+    def test_routerpanel_keys_are_read_into_fields(self) -> None:
+        text = (
+            "[m]\npinned = true\nttl = 300\nload-timeout = 60\nmemory = 8G\nenabled = off\n"
+            "env.CUDA_VISIBLE_DEVICES = 0\n"
+        )
+        preset = parse_presets(text).presets[0]
+        assert (preset.pinned, preset.ttl, preset.load_timeout) == (True, 300, 60)
+        assert preset.memory == 8 << 30
+        assert preset.enabled is False
+        assert preset.env == (("CUDA_VISIBLE_DEVICES", "0"),)
+
+    @pytest.mark.parametrize(
+        ("line", "message"),
+        [
+            ("pinned = maybe", "pinned = 'maybe': use true or false"),
+            ("ttl = -1", "ttl = '-1': expected a whole number"),
+            ("load-timeout = 1.5", "expected a whole number"),
+            ("memory = lots", "memory = 'lots': expected a size"),
+            ("server-bin = 'unclosed", "No closing quotation"),
+            ("env.1BAD = x", "environment variable names"),
+        ],
+    )
+    def test_bad_routerpanel_values_name_the_line(self, line: str, message: str) -> None:
+        with pytest.raises(ini.IniError) as caught:
+            parse_presets(f"[m]\nc = 1\n{line}\n")
+        assert caught.value.line == 3
+        assert message in str(caught.value)
+
+    @pytest.mark.parametrize(
+        ("text", "size"),
+        [("1073741824", 1 << 30), ("512M", 512 << 20), ("512MiB", 512 << 20), ("1.5G", 3 << 29)],
+    )
+    def test_sizes_use_binary_units(self, text: str, size: int) -> None:
+        assert presets.parse_size(text) == size
+
+    def test_sizes_are_written_in_the_largest_exact_unit(self) -> None:
+        assert presets.format_size(8 << 30) == "8G"
+        assert presets.format_size(1536 << 20) == "1536M"
+        assert presets.format_size(1000) == "1000"
+
+
+class TestAliases:
+    def test_an_alias_equal_to_another_model_name_is_rejected(self) -> None:
+        with pytest.raises(ini.IniError, match="alias 'b' for model 'a' conflicts with existing"):
+            parse_presets("[a]\nalias = b\n[b]\n")
+
+    def test_an_alias_shared_by_two_models_is_rejected(self) -> None:
+        with pytest.raises(ini.IniError, match="alias 'x' for model 'b' conflicts with alias of"):
+            parse_presets("[a]\nalias = x\n[b]\nalias = x\n")
+
+
+class TestRender:
+    def test_the_worked_example_round_trips(self) -> None:
+        first = parse_presets(WORKED_EXAMPLE)
+        text = render_presets(first.global_def, first.presets)
+        again = parse_presets(text)
+        assert (again.global_def, again.presets) == (first.global_def, first.presets)
+
+    def test_llama_compatible_output_leaves_routerpanel_keys_and_programs_out(self) -> None:
+        text = (
+            "[a]\nc = 1\npinned = true\nttl = 5\nmemory = 1G\nenv.X = 1\nstop-timeout = 3\n"
+            "[sim]\nserver-bin = python -m x\nfoo = 1\n[off]\nenabled = false\n"
+        )
+        parsed = parse_presets(text)
+        out = render_presets(parsed.global_def, parsed.presets, llama_compatible=True)
+        assert out == "[a]\nc = 1\nstop-timeout = 3\n"
+
+    def test_full_output_keeps_everything(self) -> None:
+        text = "[a]\nc = 1\npinned = false\nmemory = 1536M\nenv.X = 1\n[off]\nenabled = false\n"
+        parsed = parse_presets(text)
+        again = parse_presets(render_presets(parsed.global_def, parsed.presets))
+        assert again.presets == parsed.presets
+
+
+OPTION_KEYS = st.sampled_from(["c", "ctx-size", "temp", "no-warmup", "jinja", "n-gpu-layers"])
+SAFE = st.text(alphabet="abcXYZ019./_-:", min_size=1, max_size=12)
+
+
+@st.composite
+def preset_defs(draw: st.DrawFn, name: str) -> PresetDef:
+    args = draw(st.dictionaries(OPTION_KEYS, SAFE, max_size=4))
+    return PresetDef(
+        name=name,
+        model_path=draw(st.one_of(st.just(""), SAFE)),
+        args=tuple(args.items()),
+        env=tuple(draw(st.dictionaries(st.sampled_from(["A", "B_1"]), SAFE, max_size=2)).items()),
+        stop_timeout=draw(st.one_of(st.none(), st.integers(0, 600))),
+        load_on_startup=draw(st.one_of(st.none(), st.booleans())),
+        pinned=draw(st.one_of(st.none(), st.booleans())),
+        ttl=draw(st.one_of(st.none(), st.integers(0, 10_000))),
+        load_timeout=draw(st.one_of(st.none(), st.integers(0, 10_000))),
+        memory=draw(st.one_of(st.none(), st.integers(0, 1 << 40))),
+        enabled=draw(st.booleans()),
+    )
+
+
+@st.composite
+def preset_files(draw: st.DrawFn) -> tuple[PresetDef | None, list[PresetDef]]:
+    names = draw(st.lists(st.sampled_from(["a", "org/m:Q4_K_M", "b-2", "c.d"]), unique=True))
+    global_def = draw(st.one_of(st.none(), preset_defs("*")))
+    return global_def, [draw(preset_defs(name)) for name in names]
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(preset_files())
+def test_render_then_parse_gives_back_the_same_definitions(
+    files: tuple[PresetDef | None, list[PresetDef]],
+) -> None:
+    global_def, defs = files
+    parsed = parse_presets(render_presets(global_def, defs))
+    expected_global = global_def if global_def is not None and _has_keys(global_def) else None
+    if expected_global is not None:
+        expected_global = _normalise_global(expected_global)
+    assert parsed.global_def == expected_global
+    assert parsed.presets == defs
+
+
+def _has_keys(preset: PresetDef) -> bool:
+    return bool(presets.def_to_section(preset).entries)
+
+
+def _normalise_global(preset: PresetDef) -> PresetDef:
+    return PresetDef(**{**preset.__dict__, "name": "*"})
