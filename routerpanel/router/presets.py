@@ -313,3 +313,55 @@ def render_presets(
             continue  # llama.cpp would run llama-server for it, or run a disabled model
         doc.sections.append(def_to_section(preset, llama_compatible=llama_compatible))
     return ini.render(doc, header=header)
+
+
+def render_argv(
+    preset: PresetDef, global_def: PresetDef | None, default_bin: str
+) -> tuple[str, ...]:
+    """Render the child's command line, without ``--host``/``--port`` (the supervisor adds them).
+
+    Follows ROUTER_SPEC 2.5 and 11.16: ``[*]`` options first, the preset's over them; within a
+    section keys apply in sorted byte order, so of two synonyms the one sorting last wins
+    (11.11); reserved options are dropped (12.4); ``--alias`` is the model's name so the child
+    reports ``id == name``; options are ordered by their first declared spelling and written with
+    their last. A preset run by another program (``server-bin``) gets its unknown keys as
+    ``--key value`` after the known ones, in file order.
+    """
+    program = preset.server_bin or (global_def.server_bin if global_def else "") or default_bin
+    passthrough = bool(preset.server_bin or (global_def and global_def.server_bin))
+    known: dict[bytes, tuple[options.LlamaOption, str]] = {}
+    unknown: dict[str, str] = {}
+    for section in (global_def, preset):
+        if section is None:
+            continue
+        for key, value in sorted(section.args, key=lambda pair: pair[0].encode()):
+            found = options.lookup(key)
+            if found is None:
+                unknown.pop(key, None)
+                unknown[key] = value
+            elif found[0].key not in RESERVED_KEYS:
+                option, negative = found
+                known[option.sort_key] = (option, options.stored_value(option, negative, value))
+    model_path = preset.model_path or (global_def.model_path if global_def else "")
+    for key, value in (("model", model_path), ("alias", preset.name), ("log-colors", "off")):
+        found = options.lookup(key)
+        if found is not None and (value or key != "model"):
+            known[found[0].sort_key] = (found[0], value)
+    argv = shlex.split(program)
+    for sort_key in sorted(known):
+        option, value = known[sort_key]
+        argv.extend(options.render(option, value))
+    if passthrough:
+        unknown_in_file_order = [(k, v) for k, v in _file_order(global_def, preset) if k in unknown]
+        for key, value in unknown_in_file_order:
+            argv.extend([f"--{key}", value] if value else [f"--{key}"])
+    return tuple(argv)
+
+
+def _file_order(global_def: PresetDef | None, preset: PresetDef) -> list[tuple[str, str]]:
+    merged: dict[str, str] = {}
+    for section in (global_def, preset):
+        for key, value in section.args if section else ():
+            merged.pop(key, None)
+            merged[key] = value
+    return list(merged.items())

@@ -224,3 +224,73 @@ def _has_keys(preset: PresetDef) -> bool:
 
 def _normalise_global(preset: PresetDef) -> PresetDef:
     return PresetDef(**{**preset.__dict__, "name": "*"})
+
+
+class TestRenderArgv:
+    def test_it_renders_the_worked_example_like_llama_cpp(self) -> None:
+        parsed = parse_presets(WORKED_EXAMPLE)
+        custom = parsed.presets[1]
+        assert presets.render_argv(custom, parsed.global_def, "llama-server") == (
+            "llama-server",
+            "--log-colors",
+            "off",
+            "--sleep-idle-seconds",
+            "300",
+            "--alias",
+            "custom",
+            "--ctx-size",
+            "8192",
+            "--model",
+            "/models/custom-Q4_K_M.gguf",
+            "--n-gpu-layers",
+            "8",
+        )
+
+    def test_negative_spellings_render_their_negative_flag(self) -> None:
+        gemma = parse_presets(WORKED_EXAMPLE).presets[0]
+        argv = presets.render_argv(gemma, None, "llama-server")
+        assert "--no-warmup" in argv and "--jinja" in argv
+        assert argv[argv.index("--alias") + 1] == gemma.name
+
+    def test_of_two_synonyms_the_key_sorting_last_wins(self) -> None:
+        preset = PresetDef(name="m", args=(("ctx-size", "2"), ("c", "1")))
+        argv = presets.render_argv(preset, None, "llama-server")
+        assert argv[argv.index("--ctx-size") + 1] == "2"
+
+    def test_the_preset_overrides_the_global_section(self) -> None:
+        glob = PresetDef(name="*", args=(("c", "8192"), ("temp", "0.5")))
+        preset = PresetDef(name="m", args=(("ctx-size", "1024"),))
+        argv = presets.render_argv(preset, glob, "llama-server")
+        assert argv[argv.index("--ctx-size") + 1] == "1024"
+        assert argv[argv.index("--temperature") + 1] == "0.5"
+
+    def test_reserved_options_are_dropped(self) -> None:
+        preset = PresetDef(name="m", args=(("port", "1"), ("api-key", "k"), ("models-max", "3")))
+        assert presets.render_argv(preset, None, "llama-server") == (
+            "llama-server",
+            "--log-colors",
+            "off",
+            "--alias",
+            "m",
+        )
+
+    def test_another_program_gets_unknown_keys_as_flags_and_is_split_like_a_shell(self) -> None:
+        preset = PresetDef(
+            name="sim",
+            server_bin="python3 -m 'routerpanel.router.simserver'",
+            args=(("sim-load-ms", "200"), ("c", "512"), ("sim-ignore-sigterm", "")),
+        )
+        assert presets.render_argv(preset, None, "llama-server") == (
+            "python3",
+            "-m",
+            "routerpanel.router.simserver",
+            "--log-colors",
+            "off",
+            "--alias",
+            "sim",
+            "--ctx-size",
+            "512",
+            "--sim-load-ms",
+            "200",
+            "--sim-ignore-sigterm",
+        )
