@@ -144,7 +144,7 @@ class RouterConfig:
             _check_int(owner, "max_waiters", self.max_waiters, minimum=1)
         _positive(owner, "max_wait", self.max_wait, allow_none=True)
         _check_int(owner, "quarantine_after", self.quarantine_after, minimum=0)
-        _positive(owner, "default_stop_timeout", self.default_stop_timeout)
+        _positive(owner, "default_stop_timeout", self.default_stop_timeout, allow_zero=True)
         _positive(owner, "lease_ttl", self.lease_ttl)
 
     @property

@@ -1,0 +1,113 @@
+"""Turn what the database holds into what the engine runs: ``RouterConfig`` and ``PresetSpec``.
+
+The engine never reads the database (DESIGN §3); the router worker calls these functions at
+start, on reload and when settings change, and hands the frozen results over.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass, field
+
+from models_app.models import Preset, RouterSettings
+from routerpanel.router import presets
+from routerpanel.router.config import PresetSpec, RouterConfig
+
+# Programs known to speak llama-server's child protocol (state lines on stdout, exit on stdin).
+# Anything else is polled on /health (S3).
+PROTOCOL_PROGRAMS = ("llama-server", "llama")
+PROTOCOL_MODULES = ("routerpanel.router.simserver",)
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Command-line overrides from ``serve``/``runrouter``: they win over stored settings."""
+
+    models_max: int | None = None
+    server_bin: str | None = None
+    lease_ttl: float = 30.0
+    extra_env: tuple[tuple[str, str], ...] = field(default=())
+
+
+def router_config(row: RouterSettings, overrides: Overrides = Overrides()) -> RouterConfig:
+    models_max = overrides.models_max if overrides.models_max is not None else row.models_max
+    return RouterConfig(
+        models_max=models_max,
+        memory_budget=row.memory_budget or None,
+        memory_headroom=row.memory_headroom,
+        settle_timeout=float(row.settle_timeout),
+        max_waiters=row.max_waiters or None,
+        max_wait=float(row.max_wait) if row.max_wait else None,
+        quarantine_after=row.quarantine_after,
+        default_stop_timeout=float(row.default_stop_timeout),
+        lease_ttl=overrides.lease_ttl,
+    )
+
+
+def speaks_child_protocol(argv: tuple[str, ...]) -> bool:
+    """Guess from the command whether the child speaks llama-server's child protocol."""
+    program = os.path.basename(argv[0])
+    if program in PROTOCOL_PROGRAMS or program.startswith("llama-server"):
+        return True
+    return any(module in argv for module in PROTOCOL_MODULES)
+
+
+def preset_specs(
+    rows: list[Preset], settings_row: RouterSettings, overrides: Overrides = Overrides()
+) -> list[PresetSpec]:
+    """Build a spec for every enabled preset, merging ``[*]`` and the stored defaults."""
+    global_def = settings_row.global_def()
+    default_bin = overrides.server_bin or settings_row.server_binary
+    return [
+        _spec(row.to_def(), row, global_def, default_bin, settings_row, overrides)
+        for row in rows
+        if row.enabled
+    ]
+
+
+def _spec(
+    definition: presets.PresetDef,
+    row: Preset,
+    global_def: presets.PresetDef | None,
+    default_bin: str,
+    settings_row: RouterSettings,
+    overrides: Overrides,
+) -> PresetSpec:
+    def pick(name: str, default: object) -> object:
+        own = getattr(definition, name)
+        if own is not None:
+            return own
+        inherited = getattr(global_def, name) if global_def is not None else None
+        return inherited if inherited is not None else default
+
+    argv = presets.render_argv(definition, global_def, default_bin)
+    env = dict(overrides.extra_env)
+    env.update(global_def.env if global_def else ())
+    env.update(definition.env)
+    ttl = pick("ttl", None)
+    load_timeout = pick("load_timeout", None)
+    return PresetSpec(
+        name=definition.name,
+        argv=argv,
+        aliases=tuple(a for a in definition.aliases if a != definition.name),
+        env=tuple(env.items()),
+        stop_timeout=float(pick("stop_timeout", settings_row.default_stop_timeout)),  # type: ignore[arg-type]
+        load_timeout=float(load_timeout) if load_timeout else None,  # type: ignore[arg-type]
+        ttl=float(ttl) if ttl else None,  # type: ignore[arg-type]
+        pinned=bool(pick("pinned", False)),
+        load_on_startup=bool(pick("load_on_startup", False)),
+        memory_estimate=row.memory_estimate or row.gguf_estimate,
+        speaks_child_protocol=speaks_child_protocol(argv),
+    )
+
+
+def load_specs(overrides: Overrides = Overrides()) -> tuple[RouterConfig, list[PresetSpec]]:
+    """Read the settings row and every preset (sync: call through ``sync_to_async``)."""
+    settings_row = RouterSettings.load()
+    rows = list(Preset.objects.order_by("name"))
+    return router_config(settings_row, overrides), preset_specs(rows, settings_row, overrides)
+
+
+def quote_argv(argv: tuple[str, ...]) -> str:
+    return shlex.join(argv)
