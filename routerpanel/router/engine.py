@@ -1,0 +1,536 @@
+"""Own all router state: one asyncio task reads an inbox and applies the scheduler's decisions.
+
+The engine is the single owner (DESIGN §4, STYLE 8). Public methods only enqueue a command or
+read state between two commands; ``_run`` takes one command at a time and handles it
+synchronously: it feeds the pure ``Scheduler`` and applies the returned decisions through the
+``Supervisor`` — Spawn in a child task (a spawn that fails posts an exit), Stop/Kill at once,
+Grant and Reject by answering the caller's future. Supervisor events come through the same
+inbox, so a victim's exit and its replacement's spawn are one step of one loop (A6): no locks,
+no polling. Time comes from ``clock``; one timer task sleeps until the earliest of the
+scheduler's ``next_deadline()`` and the lease expiries, then posts a ``Tick``.
+
+Call everything from the event loop the engine was started on. ``renew`` is the one method that
+writes without a round trip: it only moves a lease deadline, which the loop re-reads on a tick.
+Tests use a fake clock, ``clock_changed()`` and ``until_idle()`` instead of sleeping (STYLE 9).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from routerpanel.router import commands, events, feed, memory, supervisor
+from routerpanel.router.commands import Lease, RouterError, fail, resolve, unavailable
+from routerpanel.router.config import PresetSpec, RouterConfig, preset_map, startup_loads
+from routerpanel.router.feed import EngineEvent, Subscription
+from routerpanel.router.scheduler import NotRunningError, Scheduler, UnknownModelError
+from routerpanel.router.states import RUNNING, SERVABLE
+
+__all__ = ["Engine", "EngineEvent", "Lease", "RouterError", "Subscription"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+SHUTDOWN_GRACE = 15.0  # past the longest stop-timeout: SIGKILL grace and reaping (S4, S6)
+EVICTIONS = (events.StopReason.EVICTION, events.StopReason.SHRINK)
+Post = Callable[[supervisor.SupervisorEvent], None]
+
+
+class Engine:
+    """The router: admission, eviction and child processes behind one inbox."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        presets: Iterable[PresetSpec],
+        *,
+        state_file: Path | None = None,
+        memory_interval: float | None = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        supervisor_factory: Callable[[Post], supervisor.Supervisor] | None = None,
+        router_port: int = 0,
+    ) -> None:
+        self._config = config
+        self._specs = preset_map(presets)
+        self._retired: dict[str, PresetSpec] = {}  # removed presets whose child still runs
+        self._aliases = _alias_map(self._specs)
+        self._scheduler = Scheduler(self._specs.values(), config)
+        self._clock = clock
+        self._state_file = state_file
+        self._memory_interval = memory_interval
+        self._supervisor = (
+            supervisor_factory(self._post)
+            if supervisor_factory is not None
+            else supervisor.Supervisor(self._post, state_file=state_file, router_port=router_port)
+        )
+        self._inbox: asyncio.Queue[commands.Command] = asyncio.Queue()
+        self._feed = feed.Feed()
+        self._facts = feed.Facts(math.ceil(3600 / memory_interval) if memory_interval else 3600)
+        self._callers = commands.Callers()
+        self._spawning: dict[str, asyncio.Task[None]] = {}  # until ChildStarted or the exit
+        self._kill_on_start: set[str] = set()  # Kill decided while the spawn was in flight
+        self._timer = commands.Timer(clock, self._post)
+        self._sample_soon = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop_task: asyncio.Task[None] | None = None
+        self._shutdown_task: asyncio.Future[None] | None = None
+        self._closing = False
+        self.processed = 0  # commands handled: a test hook (STYLE 9)
+        self._handlers: dict[type[Any], Callable[[Any], None]] = {
+            commands.Acquire: self._on_acquire, commands.Leave: self._on_leave,
+            commands.Release: self._on_release, commands.Unload: self._on_unload,
+            commands.Reload: self._on_reload, commands.UpdateSettings: self._on_settings,
+            commands.Shutdown: self._on_shutdown, commands.Tick: self._on_tick,
+            commands.MemorySampled: self._on_memory, supervisor.LogLine: self._on_log,
+            supervisor.ChildStarted: self._on_started, supervisor.ChildState: self._on_state,
+            supervisor.ChildReady: self._on_ready, supervisor.ChildStuck: self._on_stuck,
+            supervisor.ChildExited: self._on_exited,
+        }  # fmt: skip
+
+    # ---- public API -------------------------------------------------------------------------
+
+    @property
+    def config(self) -> RouterConfig:
+        return self._config
+
+    async def start(self) -> list[supervisor.Leftover]:
+        """Reap leftovers (S8), start the loop, timer and sampler, then load-on-startup (A13).
+
+        Raises ``StartupError`` (a ValueError) before anything starts when more models load on
+        startup than ``models_max``. Returns the leftovers of a previous router, for the audit.
+        """
+        if self._loop_task is not None:
+            raise RuntimeError("the engine is already started")
+        startup = startup_loads(self._specs.values(), self._config)
+        leftovers: list[supervisor.Leftover] = []
+        if self._state_file is not None:
+            leftovers = await asyncio.to_thread(supervisor.reap_leftovers, self._state_file)
+        self._loop_task = asyncio.create_task(self._run(), name="router engine")
+        self._tasks.append(asyncio.create_task(self._timer.run(), name="router timer"))
+        if self._memory_interval:
+            pids = self._live_pids
+            sampler = commands.sample_memory(
+                self._memory_interval, pids, self._post, self._sample_soon
+            )
+            self._tasks.append(asyncio.create_task(sampler, name="router memory"))
+        left = [dataclasses.asdict(x) for x in leftovers]
+        self._emit("router.started", {"models": sorted(self._specs), "leftovers": left})
+        loads = [self.load(name, actor="load-on-startup") for name in startup]
+        results = await asyncio.gather(*loads, return_exceptions=True)
+        for name, result in zip(startup, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("load on startup of %s failed: %s", name, result)
+        return leftovers
+
+    async def acquire(
+        self, model: str, *, request_id: str, actor: str = "", autoload: bool = True
+    ) -> Lease:
+        """Wait in the model's queue entry (A2) until granted; raise RouterError if rejected.
+
+        Cancelling the awaiting task makes the waiter leave (A7) or releases a fresh grant;
+        ``cancel(request_id)`` from elsewhere makes it raise RouterError 499.
+        """
+        name = self._require(model, 400, "invalid_request_error")
+        lease = await self._request(name, request_id, actor, events.RequestKind.PROXY, autoload)
+        assert lease is not None
+        return lease
+
+    def renew(self, lease_id: str) -> bool:
+        """Push the lease's expiry to now + lease_ttl; False if it is unknown (ended)."""
+        return self._callers.renew(lease_id, self._clock() + self._config.lease_ttl)
+
+    def release(self, lease_id: str) -> None:
+        """Finish the leased request; idempotent."""
+        self._post(commands.Release(lease_id))
+
+    def cancel(self, request_id: str) -> None:
+        """Make a queued waiter leave (A7), or release the request's lease."""
+        self._post(commands.Leave(request_id))
+
+    async def load(self, model: str, *, actor: str = "") -> None:
+        """Queue a load like a request (A9); return once it is spawned. Raises RouterError.
+
+        A running model answers 400 ``model is already running``, as llama.cpp does (ROUTER_SPEC
+        9.9); a stopping one queues for its next instance.
+        """
+        name = self._require(model, 404, "not_found_error")
+        load_id = f"load-{uuid.uuid4().hex}"
+        await self._request(name, load_id, actor, events.RequestKind.LOAD, True)
+
+    async def unload(self, model: str, *, actor: str = "") -> None:
+        """Start stopping the model (busy or not); return without waiting for the exit."""
+        name = self._require(model, 400, "invalid_request_error")
+        done: asyncio.Future[None] = self._future()
+        await self._call(commands.Unload(name, actor, done), done)
+
+    async def reload(
+        self, presets: Iterable[PresetSpec], *, actor: str = ""
+    ) -> dict[str, list[str]]:
+        """Reconcile with new presets (A14); restart only running models whose command changed."""
+        result: asyncio.Future[dict[str, list[str]]] = self._future()
+        return await self._call(commands.Reload(tuple(presets), actor, result), result)
+
+    async def update_settings(self, config: RouterConfig, *, actor: str = "") -> None:
+        """Apply new limits: more slots are claimed at once, fewer shrink to the cap (A5)."""
+        done: asyncio.Future[None] = self._future()
+        await self._call(commands.UpdateSettings(config, actor, done), done)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Return the whole state, JSON-able; events after its ``seq`` update it."""
+        views, queue = self._scheduler.models(), self._scheduler.queue()
+        spec_of = self._spec
+        return self._facts.snapshot(self._feed.seq, views, queue, spec_of, self._config, self._wall)
+
+    def memory_history(self) -> list[dict[str, Any]]:
+        """Return the one-hour ring of memory samples, oldest first (S9)."""
+        return [feed.sample_data(s) for s in self._facts.memory]
+
+    def logs(self, model: str) -> list[dict[str, Any]]:
+        """Return the model's log ring buffer (S7): time (wall), stream, text."""
+        lines = self._supervisor.logs(self.resolve(model) or model)
+        return [{"time": x.time, "stream": x.stream, "text": x.text} for x in lines]
+
+    def resolve(self, name_or_alias: str) -> str | None:
+        """Return the preset name for a name or alias, or None."""
+        return name_or_alias if name_or_alias in self._specs else self._aliases.get(name_or_alias)
+
+    def subscribe(self, maxsize: int = 1000) -> Subscription:
+        """Return a bounded event stream; a slow reader sees a seq gap, never blocks the engine.
+
+        Subscribe first, then take a snapshot() and skip events whose seq is not above its seq.
+        """
+        return self._feed.subscribe(maxsize)
+
+    async def shutdown(self) -> None:
+        """Reject waiters, stop every child within its stop-timeout, await the exits. Idempotent."""
+        if self._shutdown_task is None:
+            self._shutdown_task = asyncio.ensure_future(self._shut_down())
+        await asyncio.shield(self._shutdown_task)
+
+    # ---- test hooks (STYLE 9) ---------------------------------------------------------------
+
+    def clock_changed(self) -> None:
+        """Tell the timer the clock jumped (a fake clock in tests, a suspended machine)."""
+        self._post(commands.Tick())
+        self._timer.nudge()
+
+    async def until_idle(self) -> None:
+        """Return once every posted command is handled and nothing new arrives."""
+        quiet = 0
+        while quiet < 3:
+            quiet = quiet + 1 if self._inbox.empty() else 0
+            await self._inbox.join()
+            await asyncio.sleep(0)
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def _post(self, command: commands.Command) -> None:
+        """Enqueue; never blocks (the supervisor calls it from inside stop() and kill())."""
+        self._inbox.put_nowait(command)
+
+    async def _run(self) -> None:
+        while True:
+            command = await self._inbox.get()
+            try:
+                if isinstance(command, commands.Quit):
+                    return
+                self._handlers[type(command)](command)
+            except Exception as exc:  # one bad command must not stop the router
+                log.exception("router engine failed on %r", command)
+                if isinstance(future := getattr(command, "future", None), asyncio.Future):
+                    fail(future, exc)  # its caller must not wait forever
+            finally:
+                self.processed += 1
+                self._inbox.task_done()
+            self._rearm_timer()
+            if self._closing and not self._spawning and not self._running():
+                self._drained.set()
+
+    def _rearm_timer(self) -> None:
+        due = (self._scheduler.next_deadline(), self._callers.next_expiry())
+        self._timer.arm(min((t for t in due if t is not None), default=None))
+
+    def _live_pids(self) -> dict[str, int]:
+        return {name: info.pid for name, info in self._supervisor.live().items()}
+
+    # ---- commands ---------------------------------------------------------------------------
+
+    def _on_acquire(self, cmd: commands.Acquire) -> None:
+        if cmd.future.done():  # its caller left before we got to it
+            return
+        if self._callers.busy(cmd.request_id):
+            text = f"request id {cmd.request_id!r} is already in use"
+            return fail(cmd.future, RouterError(400, "invalid_request_error", text))
+        if not cmd.autoload and not self._servable(cmd.model):  # ROUTER_SPEC 8.6.4
+            text = "model is not loaded"
+            return fail(cmd.future, RouterError(400, "invalid_request_error", text))
+        self._callers.wait(cmd)
+        request, actor = cmd.request_id, cmd.actor or "anonymous"
+        now = self._clock()
+        self._apply(
+            self._scheduler.request_arrived(request, cmd.model, now=now, actor=actor, kind=cmd.kind)
+        )
+
+    def _on_leave(self, cmd: commands.Leave) -> None:
+        self._callers.leave(cmd.request_id)
+        self._apply(self._scheduler.waiter_left(cmd.request_id, now=self._clock()))
+
+    def _on_release(self, cmd: commands.Release) -> None:
+        if (request_id := self._callers.release(cmd.lease_id)) is not None:
+            self._apply(self._scheduler.request_finished(request_id, now=self._clock()))
+
+    def _on_unload(self, cmd: commands.Unload) -> None:
+        actor = cmd.actor or "anonymous"
+        try:
+            out = self._scheduler.unload(cmd.model, now=self._clock(), actor=actor)
+        except (NotRunningError, UnknownModelError):
+            text = "model is not running"
+            return fail(cmd.future, RouterError(400, "invalid_request_error", text))
+        self._apply(out)
+        resolve(cmd.future, None)
+
+    def _on_reload(self, cmd: commands.Reload) -> None:
+        actor = cmd.actor or "anonymous"
+        try:
+            out = self._scheduler.reload(cmd.presets, now=self._clock(), actor=actor)
+        except ValueError as exc:  # duplicate names, colliding aliases: nothing changed
+            return fail(cmd.future, exc)
+        old, self._specs = self._specs, preset_map(cmd.presets)
+        self._aliases = _alias_map(self._specs)
+        self._retired.update({n: s for n, s in old.items() if n not in self._specs})
+        done = feed.reload_data(next(d for d in out if isinstance(d, events.PresetsReloaded)))
+        self._apply(out)
+        self._forget_gone()
+        resolve(cmd.future, {k: v for k, v in done.items() if k != "actor"})
+
+    def _on_settings(self, cmd: commands.UpdateSettings) -> None:
+        out = self._scheduler.settings_changed(cmd.config, now=self._clock())
+        self._config = cmd.config
+        data = {"actor": cmd.actor or "anonymous", "config": dataclasses.asdict(cmd.config)}
+        self._emit("settings.changed", data)
+        self._apply(out)
+        resolve(cmd.future, None)
+
+    def _on_shutdown(self, cmd: commands.Shutdown) -> None:
+        self._closing = True
+        self._emit("router.stopping", {"actor": cmd.actor})
+        self._callers.close(unavailable("router is shutting down"))  # every child stops
+        self._apply(self._scheduler.shutdown(now=self._clock(), actor=cmd.actor))
+        resolve(cmd.future, None)
+
+    def _on_tick(self, _: commands.Tick) -> None:
+        now = self._clock()
+        for lease in self._callers.expired(now):  # a dead web process cannot pin a model
+            data = {"lease_id": lease.lease_id, "request_id": lease.request_id}
+            self._emit("lease.expired", data | {"model": lease.model})
+            self._apply(self._scheduler.request_finished(lease.request_id, now=now))
+        self._apply(self._scheduler.tick(now=now))
+
+    def _on_memory(self, cmd: commands.MemorySampled) -> None:
+        sample = memory.MemorySample(time.time(), cmd.system, cmd.children)  # wall clock
+        self._facts.memory.append(sample)
+        self._emit("memory.sample", feed.sample_data(sample))
+        if self._config.memory_budget is not None:  # the settle gate reads samples
+            available = cmd.system.available
+            self._apply(self._scheduler.memory_sample(available, now=self._clock()))
+
+    # ---- supervisor events ------------------------------------------------------------------
+
+    def _on_log(self, line: supervisor.LogLine) -> None:
+        data = {"model": line.name, "stream": line.stream, "text": line.text, "time": line.time}
+        self._emit("model.log", data)
+
+    def _on_started(self, ev: supervisor.ChildStarted) -> None:
+        self._spawning.pop(ev.name, None)
+        self._facts.started(ev)
+        if ev.name in self._kill_on_start:  # S4: killed while its spawn was in flight
+            self._supervisor.kill(ev.name)
+
+    def _on_state(self, ev: supervisor.ChildState) -> None:
+        if ev.state in ("loading", "downloading"):
+            self._facts.child(ev.name).progress = ev.payload
+        if ev.state != "downloading":
+            self._apply(self._scheduler.child_state(ev.name, ev.state, now=self._clock()))
+
+    def _on_ready(self, ev: supervisor.ChildReady) -> None:
+        self._facts.ready(ev)
+        out = self._scheduler.child_ready(ev.name, now=self._clock())
+        self._apply(out, note=(ev.name, {"load_seconds": ev.load_seconds}))
+
+    def _on_stuck(self, ev: supervisor.ChildStuck) -> None:
+        data = {"model": ev.name, "pid": ev.pid, "seconds_since_kill": ev.seconds_since_kill}
+        self._emit("model.stuck", data)
+        self._apply(self._scheduler.child_stuck(ev.name, now=self._clock()))
+
+    def _on_exited(self, ev: supervisor.ChildExited) -> None:
+        """Free the slot (A6): the scheduler may spawn the next model in this same step."""
+        self._spawning.pop(ev.name, None)
+        self._kill_on_start.discard(ev.name)
+        tail = tuple(line.text for line in ev.last_lines)
+        now = self._clock()
+        out = self._scheduler.child_exited(ev.name, now=now, exit_code=ev.exit_code, log_tail=tail)
+        if self._config.memory_budget is not None:
+            self._sample_soon.set()  # the settle gate waits for a fresh sample
+        state = next((v.state.value for v in self._scheduler.models() if v.name == ev.name), None)
+        self._emit("model.exited", self._facts.exited(ev, state))
+        self._apply(out)
+        self._forget_gone()
+
+    # ---- decisions --------------------------------------------------------------------------
+
+    def _apply(
+        self, out: list[events.Decision], note: tuple[str, dict[str, Any]] | None = None
+    ) -> None:
+        """Carry out decisions in order; follow-ups (a grant nobody takes) go last."""
+        pending = deque(out)
+        while pending:
+            decision = pending.popleft()
+            if isinstance(decision, events.StateChanged):  # paired with the action after it
+                data = feed.state_data(decision, pending[0] if pending else None)
+                extra = note[1] if note is not None and note[0] == decision.model else {}
+                self._emit("model.state", data | extra)
+            else:
+                pending.extend(self._act(decision))
+
+    def _act(self, decision: events.Decision) -> list[events.Decision]:
+        if isinstance(decision, events.Grant):
+            port = self._facts.child(decision.model).port or 0
+            expires = self._clock() + self._config.lease_ttl
+            if not self._callers.grant(decision, port, expires):  # its caller has gone (A7)
+                return self._scheduler.request_finished(decision.request_id, now=self._clock())
+        elif isinstance(decision, events.Reject):
+            self._callers.reject(decision.request_id, RouterError.from_reject(decision))
+        elif isinstance(decision, events.Spawn):
+            self._spawn(decision)
+        elif isinstance(decision, events.Stop | events.Kill):
+            self._stop(decision)
+        elif isinstance(decision, events.QueueChanged):
+            self._emit("queue.changed", feed.queue_data(decision.entries, self._wall))
+        elif isinstance(decision, events.Settled):
+            self._emit("memory.settled", dataclasses.asdict(decision))
+        elif isinstance(decision, events.PresetsReloaded):
+            self._emit("presets.reloaded", feed.reload_data(decision))
+        return []
+
+    def _spawn(self, spawn: events.Spawn) -> None:
+        # unloaded -> loading happened in the scheduler: the slot is real (A6)
+        self._facts.spawning(spawn.model, spawn.spec.argv)
+        task = asyncio.create_task(self._spawn_child(spawn.spec), name=f"spawn {spawn.model}")
+        self._spawning[spawn.model] = task
+
+    async def _spawn_child(self, spec: PresetSpec) -> None:
+        """Spawn; a spawn that raises is reported as an exit, as the scheduler expects."""
+        try:
+            await self._supervisor.spawn(
+                spec.name, spec.argv, dict(spec.env),
+                child_protocol=spec.speaks_child_protocol, load_timeout=spec.load_timeout,
+            )  # fmt: skip
+        except Exception as exc:  # no process, but the slot must be freed all the same
+            error = str(exc) if isinstance(exc, supervisor.SpawnError) else f"spawn failed: {exc}"
+            log.warning("spawning %s failed: %s", spec.name, error)
+            self._post(feed.spawn_failure(spec.name, error))
+
+    def _stop(self, decision: events.Stop | events.Kill) -> None:
+        name = decision.model
+        if isinstance(decision, events.Stop):
+            done = self._supervisor.stop(name, decision.stop_timeout)  # S4: SIGKILL at deadline
+        else:
+            done = self._supervisor.kill(name)
+        if not done and name in self._spawning:
+            self._kill_on_start.add(name)  # its ChildStarted delivers the kill
+        if decision.reason in EVICTIONS:
+            self._emit("model.evicted", feed.eviction_data(decision, self._facts.latest))
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _emit(self, type_: str, data: dict[str, Any]) -> None:
+        self._feed.publish(type_, data)
+
+    def _wall(self, t: float) -> float:
+        return time.time() - (self._clock() - t)
+
+    def _spec(self, name: str) -> PresetSpec | None:
+        return self._specs.get(name) or self._retired.get(name)
+
+    def _running(self) -> bool:
+        return any(view.state in RUNNING for view in self._scheduler.models())
+
+    def _servable(self, name: str) -> bool:
+        try:
+            view = self._scheduler.model(name)
+        except UnknownModelError:
+            return False
+        return view.state in SERVABLE and not view.stopping
+
+    def _forget_gone(self) -> None:
+        """Drop what we keep of removed presets once the scheduler has forgotten them (A14)."""
+        known = {view.name for view in self._scheduler.models()}
+        for name in [n for n in self._retired if n not in known]:
+            del self._retired[name]
+            self._facts.forget(name)
+            self._supervisor.forget_logs(name)
+
+    def _require(self, model: str, status: int, error_type: str) -> str:
+        self._check_open()
+        name = self.resolve(model)
+        if name is None:
+            raise RouterError(status, error_type, f"model '{model}' not found")
+        return name
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise unavailable("router is shutting down")
+        if self._loop_task is None or self._loop_task.done():
+            raise unavailable("router is not running")
+
+    def _future(self) -> asyncio.Future[Any]:
+        self._check_open()
+        return asyncio.get_running_loop().create_future()
+
+    async def _call(self, command: commands.Command, future: asyncio.Future[T]) -> T:
+        self._post(command)
+        return await future
+
+    async def _request(
+        self, name: str, request_id: str, actor: str, kind: events.RequestKind, autoload: bool
+    ) -> Lease | None:
+        future: asyncio.Future[Lease | None] = self._future()
+        acquire = commands.Acquire(request_id, name, actor, kind, autoload, future)
+        try:
+            return await self._call(acquire, future)
+        except asyncio.CancelledError:
+            self._post(commands.Leave(request_id))  # A7: leave the queue, or release a grant
+            raise
+
+    async def _shut_down(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            self._feed.close()
+            return
+        self._closing = True  # no new callers from here on (the loop sets it too)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await self._call(commands.Shutdown("shutdown", done), done)
+        timeouts = [s.stop_timeout for s in (*self._specs.values(), *self._retired.values())]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(timeouts, default=0.0) + SHUTDOWN_GRACE):
+                await self._drained.wait()
+        await self._supervisor.shutdown(0.0)  # whatever is left (stuck, S6): SIGKILL, await
+        self._post(commands.Quit())
+        await self._loop_task
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._callers.close(unavailable("router is shutting down"))
+        self._feed.close()
+
+
+def _alias_map(specs: dict[str, PresetSpec]) -> dict[str, str]:
+    return {alias: spec.name for spec in specs.values() for alias in spec.aliases}

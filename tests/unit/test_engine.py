@@ -1,0 +1,658 @@
+"""The engine with a recording fake supervisor and a fake clock: no sleeps, no processes.
+
+The test plays the children: ``sup.ready(name)`` and ``sup.exit(name)`` post what the real
+supervisor would, and ``await engine.until_idle()`` waits until the engine has handled it
+(STYLE 9). Time moves only when a test calls ``clock.advance``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from routerpanel.router.commands import MemorySampled
+from routerpanel.router.config import PresetSpec, RouterConfig
+from routerpanel.router.engine import Engine, EngineEvent, Lease, RouterError
+from routerpanel.router.memory import ChildMemory, SystemMemory
+from routerpanel.router.supervisor import (
+    ChildExited,
+    ChildInfo,
+    ChildReady,
+    ChildStarted,
+    ChildState,
+    ChildStuck,
+    LogLine,
+    SpawnError,
+    Supervisor,
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeSupervisor(Supervisor):
+    """Record spawn/stop/kill; the test decides when children get ready or exit."""
+
+    def __init__(self, post: Any) -> None:
+        super().__init__(post, state_file=None)
+        self.post = post
+        self.calls: list[tuple[Any, ...]] = []
+        self.children: dict[str, int] = {}
+        self.next_pid = 100
+        self.hold: asyncio.Event | None = None  # set: spawn() waits for it
+        self.fail_spawn: set[str] = set()
+
+    async def spawn(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        child_protocol: bool,
+        load_timeout: float | None,
+    ) -> int:
+        self.calls.append(("spawn", name))
+        if self.hold is not None:
+            await self.hold.wait()
+        if name in self.fail_spawn:
+            raise SpawnError("failed to spawn server instance: no such file")
+        self.next_pid += 1
+        self.children[name] = self.next_pid
+        self.post(ChildStarted(name, self.next_pid, self.port(name), 1))
+        return self.next_pid
+
+    def stop(self, name: str, stop_timeout: float) -> bool:
+        self.calls.append(("stop", name, stop_timeout))
+        return name in self.children
+
+    def kill(self, name: str) -> bool:
+        self.calls.append(("kill", name))
+        return name in self.children
+
+    def live(self) -> dict[str, ChildInfo]:
+        return {}
+
+    async def shutdown(self, stop_timeout: float | Mapping[str, float] = 10.0) -> None:
+        for name in list(self.children):
+            self.exit(name, code=None, signal=9)
+
+    # ---- what the test plays --------------------------------------------------------------
+
+    @staticmethod
+    def port(name: str) -> int:
+        return 9000 + sum(map(ord, name)) % 500
+
+    def ready(self, name: str) -> None:
+        self.post(ChildReady(name, self.port(name), {"id": name}, 0.25))
+
+    def exit(self, name: str, code: int | None = 0, signal: int | None = None) -> None:
+        pid = self.children.pop(name)
+        expected = any(c[0] in ("stop", "kill") and c[1] == name for c in self.calls)
+        line = LogLine(name, "stderr", "bye", 0.0)
+        self.post(
+            ChildExited(name, pid, self.port(name), code, signal, 1.0, expected, False, True, None,
+                        None if expected else "crashed", (line,))
+        )  # fmt: skip
+
+    def spawned(self) -> list[str]:
+        return [c[1] for c in self.calls if c[0] == "spawn"]
+
+    def stopped(self) -> list[str]:
+        return [c[1] for c in self.calls if c[0] in ("stop", "kill")]
+
+
+def preset(name: str, **kw: Any) -> PresetSpec:
+    return PresetSpec(name=name, argv=("llama-server", "-m", f"/m/{name}.gguf"), **kw)
+
+
+class Harness:
+    def __init__(self, engine: Engine, sup: FakeSupervisor, clock: FakeClock) -> None:
+        self.engine, self.sup, self.clock = engine, sup, clock
+        self.events: list[EngineEvent] = []
+        self.rid = 0
+        self.tasks: list[asyncio.Task[Lease]] = []
+
+    async def idle(self) -> None:
+        await self.engine.until_idle()
+
+    def acquire(self, model: str, **kw: Any) -> asyncio.Task[Lease]:
+        self.rid += 1
+        kw.setdefault("request_id", f"r{self.rid}")
+        self.tasks.append(asyncio.create_task(self.engine.acquire(model, **kw)))
+        return self.tasks[-1]
+
+    async def warm(self, *names: str) -> None:
+        """Bring each model up and leave it idle (a slot must be free)."""
+        for name in names:
+            await self.engine.load(name)
+            self.sup.ready(name)
+            await self.idle()
+
+    async def exit(self, name: str, code: int | None = 0) -> None:
+        self.sup.exit(name, code)
+        await self.idle()
+
+    def of(self, type_: str) -> list[dict[str, Any]]:
+        return [e.data for e in self.events if e.type == type_]
+
+    def model(self, name: str) -> dict[str, Any]:
+        return next(m for m in self.engine.snapshot()["models"] if m["name"] == name)
+
+
+async def make(
+    *models: str | PresetSpec, start: bool = True, **config: Any
+) -> tuple[Engine, FakeSupervisor, FakeClock]:
+    clock = FakeClock()
+    sups: list[FakeSupervisor] = []
+
+    def factory(post: Any) -> Supervisor:
+        sups.append(FakeSupervisor(post))
+        return sups[0]
+
+    specs = [m if isinstance(m, PresetSpec) else preset(m) for m in models]
+    engine = Engine(
+        RouterConfig(**config), specs, memory_interval=None, clock=clock, supervisor_factory=factory
+    )
+    if start:
+        await engine.start()
+    return engine, sups[0], clock
+
+
+@pytest.fixture
+async def h(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    args, kw = getattr(request, "param", (("a", "b", "c"), {"models_max": 2}))
+    engine, sup, clock = await make(*args, start=False, **kw)
+    harness = Harness(engine, sup, clock)
+    sub = engine.subscribe(maxsize=100_000)
+
+    async def collect() -> None:
+        async for event in sub:
+            harness.events.append(event)
+
+    collector = asyncio.create_task(collect())
+    await engine.start()
+    await harness.idle()
+    yield harness
+    sup_children = list(sup.children)
+    shutdown = asyncio.create_task(engine.shutdown())
+    await harness.idle()
+    for name in sup_children:
+        if name in sup.children:
+            sup.exit(name)
+    await asyncio.wait_for(shutdown, 5)
+    await asyncio.wait_for(collector, 5)
+    await asyncio.gather(*harness.tasks, return_exceptions=True)
+
+
+def engine_config(*models: str | PresetSpec, **config: Any) -> pytest.MarkDecorator:
+    """Run the test on an engine with these presets and settings (default a, b, c; max 2)."""
+    return pytest.mark.parametrize("h", [(models, config)], indirect=True, ids=["config"])
+
+
+# ---- admission ------------------------------------------------------------------------------
+
+
+class TestGrantQueueEvict:
+    async def test_a_request_for_a_loaded_model_is_granted_at_once_with_its_port(
+        self, h: Harness
+    ) -> None:
+        await h.warm("a")
+        lease = await h.engine.acquire("a", request_id="r1")
+        assert (lease.model, lease.port) == ("a", h.sup.port("a"))
+        assert lease.expires_at == h.clock.now + 30.0
+        assert h.model("a")["in_flight"] == 1
+        h.engine.release(lease.lease_id)
+        h.engine.release(lease.lease_id)  # idempotent
+        await h.idle()
+        assert h.model("a")["in_flight"] == 0
+
+    async def test_a_request_for_an_unloaded_model_waits_for_its_spawn_and_ready(
+        self, h: Harness
+    ) -> None:
+        task = h.acquire("a")
+        await h.idle()
+        assert h.sup.spawned() == ["a"] and not task.done()
+        assert h.model("a")["state"] == "loading" and h.model("a")["queue_waiters"] == 1
+        h.sup.ready("a")
+        await h.idle()
+        assert task.result().port == h.sup.port("a")
+
+    async def test_it_evicts_the_oldest_idle_model_and_spawns_only_after_its_exit(
+        self, h: Harness
+    ) -> None:
+        await h.warm("a")
+        h.clock.advance(1)
+        await h.warm("b")
+        task = h.acquire("c", actor="alice", request_id="r-c")
+        await h.idle()
+        assert h.sup.stopped() == ["a"]
+        assert h.sup.spawned() == ["a", "b"]  # A6: no spawn while the victim lives
+        assert h.model("a")["stopping"] and not task.done()
+        (evicted,) = h.of("model.evicted")
+        assert evicted["victim"] == "a" and evicted["idle_for"] == 1.0
+        trigger = {"actor": "alice", "model": "c", "request_id": "r-c", "queue_depth": 1}
+        assert evicted["trigger"] == trigger and evicted["queue_depth"] == 1
+        await h.exit("a")
+        assert h.sup.spawned() == ["a", "b", "c"]
+        h.sup.ready("c")
+        await h.idle()
+        assert task.result().model == "c"
+
+    async def test_the_model_state_event_names_the_trigger_of_the_stop(self, h: Harness) -> None:
+        await h.warm("a", "b")
+        h.acquire("c", actor="alice")
+        await h.idle()
+        stop = next(e for e in h.of("model.state") if e["model"] == "a" and e["stopping"])
+        assert stop["action"] == "stop" and stop["stop_timeout"] == 10.0
+        assert stop["trigger"]["model"] == "c" and stop["trigger"]["actor"] == "alice"
+
+    async def test_a_busy_model_is_never_the_victim(self, h: Harness) -> None:
+        await h.warm("a", "b")
+        busy = await h.engine.acquire("a", request_id="busy")
+        h.clock.advance(5)
+        await h.engine.acquire("b", request_id="recent")
+        h.acquire("c")
+        await h.idle()
+        assert h.sup.stopped() == []  # both busy: wait, never poll
+        h.engine.release(busy.lease_id)
+        await h.idle()
+        assert h.sup.stopped() == ["a"]
+
+    async def test_cancelling_a_queued_acquire_frees_its_place(self, h: Harness) -> None:
+        await h.warm("a", "b")
+        held = [await h.engine.acquire(m, request_id=f"hold-{m}") for m in ("a", "b")]
+        first = h.acquire("c")
+        second = h.acquire("c")
+        await h.idle()
+        assert h.model("c")["queue_waiters"] == 2
+        first.cancel()
+        await h.idle()
+        assert h.model("c")["queue_waiters"] == 1
+        second.cancel()
+        await h.idle()
+        assert h.engine.snapshot()["queue"] == []  # A7: an empty entry leaves
+        for lease in held:
+            h.engine.release(lease.lease_id)
+        await h.idle()
+        assert h.sup.stopped() == [] and h.sup.spawned() == ["a", "b"]
+
+    @engine_config("a", "b", "c", "d", models_max=2)
+    async def test_a_cancelled_entry_lets_the_next_one_take_the_slot(self, h: Harness) -> None:
+        await h.warm("a", "b")
+        held = await h.engine.acquire("a", request_id="hold-a")
+        await h.engine.acquire("b", request_id="hold-b")
+        doomed = h.acquire("c")
+        h.clock.advance(1)
+        later = h.acquire("d")
+        await h.idle()
+        doomed.cancel()
+        await h.idle()
+        h.engine.release(held.lease_id)
+        await h.idle()
+        assert h.sup.stopped() == ["a"]  # evicted for d, the head now (A7)
+        await h.exit("a")
+        assert h.sup.spawned() == ["a", "b", "d"]
+        h.sup.ready("d")
+        await h.idle()
+        assert (await later).model == "d"
+
+    async def test_cancel_by_request_id_answers_the_waiter_with_499(self, h: Harness) -> None:
+        await h.warm("a", "b")
+        await h.engine.acquire("a", request_id="x")
+        await h.engine.acquire("b", request_id="y")
+        task = h.acquire("c", request_id="gone")
+        await h.idle()
+        h.engine.cancel("gone")
+        await h.idle()
+        with pytest.raises(RouterError) as err:
+            await task
+        assert err.value.status == 499
+        assert h.engine.snapshot()["queue"] == []
+
+    async def test_cancel_of_a_granted_request_releases_its_lease(self, h: Harness) -> None:
+        await h.warm("a")
+        await h.engine.acquire("a", request_id="x")
+        h.engine.cancel("x")
+        await h.idle()
+        assert h.model("a")["in_flight"] == 0
+
+    async def test_a_task_cancelled_after_its_grant_does_not_leak_the_lease(
+        self, h: Harness
+    ) -> None:
+        task = h.acquire("a")
+        await h.idle()
+        h.sup.ready("a")
+        task.cancel()  # the grant and the cancellation race
+        await h.idle()
+        assert h.model("a")["in_flight"] == 0
+
+    async def test_unknown_models_and_autoload_off_are_answered_like_llama_cpp(
+        self, h: Harness
+    ) -> None:
+        with pytest.raises(RouterError) as err:
+            await h.engine.acquire("nope", request_id="r")
+        assert (err.value.status, err.value.message) == (400, "model 'nope' not found")
+        assert err.value.body() == {
+            "error": {"code": 400, "message": "model 'nope' not found",
+                      "type": "invalid_request_error"}
+        }  # fmt: skip
+        with pytest.raises(RouterError) as err:
+            await h.engine.acquire("a", request_id="r", autoload=False)
+        assert (err.value.status, err.value.message) == (400, "model is not loaded")
+        with pytest.raises(RouterError) as err:
+            await h.engine.load("nope")
+        assert (err.value.status, err.value.error_type) == (404, "not_found_error")
+        with pytest.raises(RouterError) as err:
+            await h.engine.unload("nope")
+        assert (err.value.status, err.value.message) == (400, "model 'nope' not found")
+        with pytest.raises(RouterError) as err:
+            await h.engine.unload("a")
+        assert (err.value.status, err.value.message) == (400, "model is not running")
+
+    @engine_config(preset("a", aliases=("alpha",)), "b", models_max=2)
+    async def test_an_alias_resolves_to_its_model(self, h: Harness) -> None:
+        assert h.engine.resolve("alpha") == "a" and h.engine.resolve("zzz") is None
+        await h.warm("a")
+        lease = await h.engine.acquire("alpha", request_id="r")
+        assert lease.model == "a"
+
+    async def test_a_failed_load_rejects_the_waiters_with_500_and_the_log_lines(
+        self, h: Harness
+    ) -> None:
+        task = h.acquire("a")
+        await h.idle()
+        await h.exit("a", code=1)
+        with pytest.raises(RouterError) as err:
+            await task
+        assert (err.value.status, err.value.message) == (500, "model name=a failed to load")
+        assert err.value.details == ("bye",)
+        (exited,) = h.of("model.exited")
+        assert exited["expected"] is False and exited["state"] == "failed"
+
+    async def test_a_spawn_that_raises_is_a_failed_load(self, h: Harness) -> None:
+        h.sup.fail_spawn.add("a")
+        task = h.acquire("a")
+        await h.idle()
+        with pytest.raises(RouterError) as err:
+            await task
+        assert err.value.status == 500
+        assert h.model("a")["state"] == "failed"
+
+    async def test_a_load_is_answered_once_spawned(self, h: Harness) -> None:
+        await h.engine.load("a", actor="ops")
+        assert h.sup.spawned() == ["a"] and h.model("a")["status"] == "loading"
+        with pytest.raises(RouterError) as err:
+            await h.engine.load("a")
+        assert err.value.message == "model is already running"
+
+    async def test_a_kill_during_a_slow_spawn_is_delivered_when_the_child_starts(
+        self, h: Harness
+    ) -> None:
+        h.sup.hold = asyncio.Event()
+        await h.engine.load("a")
+        await h.engine.unload("a")
+        assert ("kill", "a") in h.sup.calls and "a" not in h.sup.children
+        h.sup.hold.set()
+        await h.idle()
+        assert h.sup.calls.count(("kill", "a")) == 2  # again, once it existed
+
+
+class TestExitsAndUnload:
+    async def test_unload_stops_the_model_and_its_exit_is_a_clean_unload(self, h: Harness) -> None:
+        await h.warm("a")
+        await h.engine.unload("a", actor="ops")
+        assert h.sup.calls[-1] == ("stop", "a", 10.0)
+        assert h.model("a")["stopping"] and h.model("a")["status"] == "loaded"
+        h.sup.exit("a", code=None, signal=9)  # SIGKILLed at the deadline: still asked for
+        await h.idle()
+        exited = h.of("model.exited")[-1]
+        assert exited["clean"] and exited["state"] == "unloaded" and exited["signal"] == 9
+        assert h.model("a")["state"] == "unloaded" and h.model("a")["pid"] is None
+
+    async def test_a_crash_while_serving_is_reported_failed(self, h: Harness) -> None:
+        await h.warm("a")
+        await h.exit("a", code=3)
+        exited = h.of("model.exited")[-1]
+        assert not exited["clean"] and exited["exit_code"] == 3
+        assert h.model("a")["failed"] and h.model("a")["last_exit"]["exit_code"] == 3
+
+    async def test_a_stuck_child_is_reported_and_keeps_its_slot(self, h: Harness) -> None:
+        await h.warm("a")
+        await h.engine.unload("a")
+        h.sup.post(ChildStuck("a", 101, 5.0))
+        await h.idle()
+        assert h.of("model.stuck") == [{"model": "a", "pid": 101, "seconds_since_kill": 5.0}]
+        assert h.model("a")["state"] == "stuck"
+
+    async def test_sleep_and_wake_lines_move_the_state(self, h: Harness) -> None:
+        await h.warm("a")
+        h.sup.post(ChildState("a", "sleeping", {}))
+        await h.idle()
+        assert h.model("a")["status"] == "sleeping"
+        h.sup.post(ChildState("a", "loading", {"value": 0.5}))
+        await h.idle()
+        assert h.model("a")["status"] == "loading" and h.model("a")["progress"] == {"value": 0.5}
+
+
+# ---- time -----------------------------------------------------------------------------------
+
+
+class TestTime:
+    @engine_config("a", "b", models_max=2, lease_ttl=10.0)
+    async def test_a_lease_not_renewed_expires_and_frees_the_model(self, h: Harness) -> None:
+        await h.warm("a")
+        lease = await h.engine.acquire("a", request_id="r")
+        h.clock.advance(6)
+        assert h.engine.renew(lease.lease_id)
+        h.clock.advance(6)
+        h.engine.clock_changed()
+        await h.idle()
+        assert h.model("a")["in_flight"] == 1  # renewed at +6: lives until +16
+        h.clock.advance(5)
+        h.engine.clock_changed()
+        await h.idle()
+        assert h.of("lease.expired") == [
+            {"lease_id": lease.lease_id, "request_id": "r", "model": "a"}
+        ]
+        assert h.model("a")["in_flight"] == 0
+        assert not h.engine.renew(lease.lease_id)
+        assert not h.engine.renew("unknown")
+
+    @engine_config(preset("a", ttl=60.0), "b", models_max=2)
+    async def test_an_idle_model_is_stopped_at_its_ttl(self, h: Harness) -> None:
+        await h.warm("a")
+        h.clock.advance(59)
+        h.engine.clock_changed()
+        await h.idle()
+        assert h.sup.stopped() == []
+        h.clock.advance(1)
+        h.engine.clock_changed()
+        await h.idle()
+        assert h.sup.stopped() == ["a"]
+
+    @engine_config("a", "b", models_max=1, max_wait=30.0)
+    async def test_a_waiter_past_max_wait_gets_503_with_retry_after(self, h: Harness) -> None:
+        await h.warm("a")
+        await h.engine.acquire("a", request_id="busy")
+        task = h.acquire("b")
+        await h.idle()
+        h.clock.advance(30)
+        h.engine.clock_changed()
+        await h.idle()
+        with pytest.raises(RouterError) as err:
+            await task
+        assert err.value.status == 503 and err.value.retry_after == 5
+
+    @engine_config(preset("a", ttl=5.0), "b", models_max=2, lease_ttl=30.0)
+    async def test_the_timer_sleeps_until_the_earliest_deadline_and_then_ticks(
+        self, h: Harness
+    ) -> None:
+        await h.warm("a", "b")
+        h.clock.advance(1.0)
+        assert h.engine._timer.deadline == h.clock.now + 4.0  # a's ttl, not a polling period
+        lease = await h.engine.acquire("b", request_id="r")
+        assert h.engine._timer.deadline == h.clock.now + 4.0  # the lease expires later
+        h.engine.release(lease.lease_id)
+        h.clock.advance(4.0)
+        h.engine._timer.nudge()  # what the timer's own timeout does at the deadline
+        await h.idle()
+        assert h.sup.stopped() == ["a"]
+
+
+# ---- events and snapshot --------------------------------------------------------------------
+
+
+class TestEvents:
+    async def test_every_event_has_the_next_seq(self, h: Harness) -> None:
+        await h.warm("a", "b")
+        h.acquire("c")
+        await h.idle()
+        await h.exit("a")
+        seqs = [e.seq for e in h.events]
+        assert seqs == list(range(1, len(seqs) + 1))
+        types = {e.type for e in h.events}
+        assert {"router.started", "model.state", "queue.changed", "model.evicted"} <= types
+        assert "model.exited" in types
+
+    @engine_config("a", "b", "c", models_max=3)
+    async def test_a_slow_subscriber_sees_a_gap_instead_of_blocking_the_engine(
+        self, h: Harness
+    ) -> None:
+        slow = h.engine.subscribe(maxsize=3)
+        await h.warm("a", "b", "c")  # many events; nobody reads `slow`
+        assert h.engine.snapshot()["seq"] == 7 and slow.dropped == 3
+        first = await anext(slow)
+        assert first.seq == h.engine.snapshot()["seq"] - 2  # the oldest ones were dropped
+        slow.close()
+
+    async def test_the_snapshot_has_every_field_and_is_json(self, h: Harness) -> None:
+        await h.warm("a")
+        lease = await h.engine.acquire("a", request_id="r")
+        h.acquire("c")
+        await h.idle()
+        snap = h.engine.snapshot()
+        json.dumps(snap)
+        assert set(snap) == {"seq", "models", "queue", "memory", "config"}
+        a = h.model("a")
+        assert set(a) == {
+            "name", "aliases", "state", "status", "failed", "stopping", "pid", "port",
+            "in_flight", "last_used", "loaded_at", "queue_position", "queue_waiters", "memory",
+            "pinned", "stop_timeout", "exit_code", "last_exit", "args", "info", "progress",
+        }  # fmt: skip
+        assert (a["port"], a["in_flight"], a["info"]) == (lease.port, 1, {"id": "a"})
+        assert a["args"] == ["llama-server", "-m", "/m/a.gguf"]
+        assert h.model("c")["queue_position"] == 1 and snap["queue"][0]["model"] == "c"
+        assert snap["config"]["models_max"] == 2 and snap["seq"] == h.events[-1].seq
+
+    async def test_log_lines_are_events(self, h: Harness) -> None:
+        h.sup.post(LogLine("a", "stderr", "hello", 1.0))
+        await h.idle()
+        assert h.of("model.log")[-1] == {
+            "model": "a",
+            "stream": "stderr",
+            "text": "hello",
+            "time": 1.0,
+        }
+
+
+# ---- reload, settings, start, shutdown ----------------------------------------------------------
+
+
+class TestReloadAndSettings:
+    async def test_reload_restarts_only_the_changed_running_model(self, h: Harness) -> None:
+        await h.warm("a", "b")
+        new_a = PresetSpec(name="a", argv=("llama-server", "-m", "/m/a2.gguf"))
+        result = await h.engine.reload([new_a, preset("b"), preset("d")], actor="admin")
+        assert result == {"added": ["d"], "removed": ["c"], "changed": ["a"], "restarted": ["a"]}
+        assert h.sup.stopped() == ["a"]
+        await h.exit("a")
+        assert h.sup.spawned()[-1] == "a"
+        assert h.model("a")["args"] == list(new_a.argv)
+        assert h.engine.resolve("c") is None and h.engine.resolve("d") == "d"
+        assert h.of("presets.reloaded")[0]["actor"] == "admin"
+
+    async def test_reload_with_colliding_names_is_refused_and_changes_nothing(
+        self, h: Harness
+    ) -> None:
+        with pytest.raises(ValueError):
+            await h.engine.reload([preset("a"), preset("a")])
+        assert h.engine.resolve("c") == "c"
+
+    @engine_config("a", "b", "c", models_max=1)
+    async def test_raising_models_max_claims_the_free_slot_at_once(self, h: Harness) -> None:
+        await h.warm("a")
+        await h.engine.acquire("a", request_id="busy")
+        h.acquire("b")
+        await h.idle()
+        assert h.sup.spawned() == ["a"]
+        await h.engine.update_settings(RouterConfig(models_max=2), actor="admin")
+        assert h.sup.spawned() == ["a", "b"]
+        (changed,) = h.of("settings.changed")
+        assert changed["actor"] == "admin" and changed["config"]["models_max"] == 2
+
+
+class TestStartAndShutdown:
+    async def test_load_on_startup_models_are_spawned_at_start(self) -> None:
+        engine, sup, _ = await make(preset("a", load_on_startup=True), "b", models_max=2)
+        assert sup.spawned() == ["a"]
+        shutdown = asyncio.create_task(engine.shutdown())
+        await engine.until_idle()
+        assert sup.stopped() == ["a"]  # a loading child is killed at once (S4)
+        sup.exit("a", code=None, signal=9)
+        await asyncio.wait_for(shutdown, 5)
+
+    async def test_more_startup_models_than_models_max_refuse_to_start(self) -> None:
+        specs = [preset(n, load_on_startup=True) for n in ("a", "b", "c")]
+        engine, sup, _ = await make(*specs, start=False, models_max=2)
+        with pytest.raises(ValueError, match=r"load on startup \(3\) exceeds models_max \(2\)"):
+            await engine.start()
+        assert sup.spawned() == []
+
+    async def test_shutdown_rejects_waiters_and_stops_every_child(self, h: Harness) -> None:
+        await h.warm("a", "b")
+        await h.engine.acquire("a", request_id="busy")
+        task = h.acquire("c")
+        await h.idle()
+        shutdown = asyncio.create_task(h.engine.shutdown())
+        await h.idle()
+        with pytest.raises(RouterError) as err:
+            await task
+        assert err.value.status == 503
+        assert sorted(h.sup.stopped()) == ["a", "b"]  # busy or not
+        assert not shutdown.done()  # it awaits the exits
+        await h.exit("a")
+        await h.exit("b")
+        await asyncio.wait_for(shutdown, 5)
+        await h.engine.shutdown()  # idempotent
+        assert h.of("router.stopping")
+        with pytest.raises(RouterError) as err:
+            await h.engine.acquire("a", request_id="late")
+        assert err.value.status == 503
+
+
+class TestMemory:
+    async def test_a_memory_sample_is_an_event_a_history_row_and_the_models_rss(
+        self, h: Harness
+    ) -> None:
+        await h.warm("a")
+        system = SystemMemory(16 << 30, 8 << 30, 8 << 30, 0, 0, None)
+        child = ChildMemory("a", h.model("a")["pid"], 123 << 20, 1)
+        h.sup.post(MemorySampled(system, (child,)))
+        await h.idle()
+        (sample,) = h.of("memory.sample")
+        assert sample["children"] == {"a": {"pid": child.pid, "rss": 123 << 20}}
+        assert h.engine.memory_history() == [sample]
+        assert h.engine.snapshot()["memory"]["available"] == 8 << 30
+        assert h.model("a")["memory"] == 123 << 20
