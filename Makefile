@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) manage.py serve --host $(HOST) --port $(PORT) $(ARGS)
+	$(PY) manage.py serve --demo-if-empty --host $(HOST) --port $(PORT) $(ARGS)
 
 test: $(STAMP)
 	ROUTERPANEL_DATA_DIR=$${ROUTERPANEL_DATA_DIR:-$$(mktemp -d)} $(PY) -m pytest $(PYTEST_ARGS)

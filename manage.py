@@ -5,8 +5,18 @@ import os
 import sys
 
 
+def apply_data_dir(argv: list[str]) -> None:
+    """Honour ``--data-dir DIR`` before the settings are read (they create the data dir)."""
+    for index, arg in enumerate(argv):
+        if arg == "--data-dir" and index + 1 < len(argv):
+            os.environ["ROUTERPANEL_DATA_DIR"] = argv[index + 1]
+        elif arg.startswith("--data-dir="):
+            os.environ["ROUTERPANEL_DATA_DIR"] = arg.split("=", 1)[1]
+
+
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
+    apply_data_dir(sys.argv)
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from models_app.models import Preset, RouterSettings
+from models_app.models import ApiKey, Preset, RouterSettings
 
 
 @admin.register(Preset)
@@ -48,3 +49,37 @@ class RouterSettingsAdmin(admin.ModelAdmin):
     ) -> None:
         obj.updated_by = request.user  # type: ignore[assignment]
         super().save_model(request, obj, form, change)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    """Issue and revoke API keys. The hash is never shown; the key itself only once, on save."""
+
+    list_display = ("name", "owner", "prefix", "created_at", "last_used_at", "revoked_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    search_fields = ("name", "prefix", "owner__username")
+    fields = ("owner", "name", "prefix", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")
+    actions = ("revoke",)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is not None:  # the key belongs to its owner for good
+            return ("owner", *self.readonly_fields)
+        return self.readonly_fields
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        secret = None if change else obj.set_new_secret()
+        super().save_model(request, obj, form, change)
+        if secret is not None:
+            self.message_user(
+                request,
+                f"API key for {obj.owner}: {secret} — copy it now, it will not be shown again.",
+                messages.WARNING,
+            )
+
+    @admin.action(description="Revoke the selected keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        keys = list(queryset.filter(revoked_at__isnull=True))
+        for key in keys:
+            key.revoke()  # one save each, so that every web process's key cache hears of it
+        self.message_user(request, f"Revoked {len(keys)} key(s).", messages.SUCCESS)

@@ -1,4 +1,5 @@
-"""RouterPanel's stored state: presets (the model definitions) and the one-row router settings.
+"""RouterPanel's stored state: presets (the model definitions), the one-row router settings and
+the users' API keys.
 
 Presets keep their llama-server options as ordered ``[key, value]`` pairs, exactly as a section of
 llama.cpp's preset INI holds them, so that import → export → import changes nothing. Keys the
@@ -7,13 +8,16 @@ router itself owns (model path, aliases, stop-timeout, …) have fields of their
 
 from __future__ import annotations
 
+import hashlib
 import re
+import secrets
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.utils import timezone
 
 from routerpanel.router import ini, options, presets
 
@@ -323,3 +327,197 @@ class RouterSettings(models.Model):
             return
         section = presets.def_to_section(preset)
         self.global_args = [[k, v] for k, v in section.pairs()]
+
+
+def hash_api_key(key: str) -> str:
+    """Return the stored form of an API key: its SHA-256, hex.
+
+    Keys are 256-bit random tokens, so a plain (unsalted, fast) digest cannot be brute-forced
+    and stays valid when SECRET_KEY rotates or another web process checks it.
+    """
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
+    def active(self) -> ApiKeyQuerySet:
+        return self.filter(revoked_at__isnull=True)
+
+    def issue(self, owner: Any, name: str) -> tuple[ApiKey, str]:
+        """Create a key for ``owner``; return it with the secret, which is never stored."""
+        key = ApiKey(owner=owner, name=name)
+        secret = key.set_new_secret()
+        key.save(force_insert=True)
+        return key, secret
+
+
+class ApiKey(models.Model):
+    """A user's API key. Only its hash is stored; the key itself is shown once, at creation.
+
+    Requests made with it act as ``key:<owner>/<name>`` in the router's events and audit log.
+    Revoking keeps the row (and the attribution of past events); a revoked key stops working at
+    once in this process and within the key cache's TTL in other web processes.
+    """
+
+    PREFIX_LENGTH = 10
+    TOKEN_PREFIX = "rp-"
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys"
+    )
+    name = models.CharField(max_length=100, help_text="What the key is for, e.g. laptop or ci.")
+    prefix = models.CharField(
+        max_length=16, editable=False, help_text="The key's first characters, to recognise it."
+    )
+    hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "API key"
+        ordering = ["owner_id", "name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "name"],
+                condition=models.Q(revoked_at__isnull=True),
+                name="api_key_unique_active_name",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @classmethod
+    def generate(cls) -> str:
+        return cls.TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+    def set_new_secret(self) -> str:
+        """Give this (unsaved) key a fresh secret; return it so the caller can show it once."""
+        secret = self.generate()
+        self.prefix = secret[: self.PREFIX_LENGTH]
+        self.hash = hash_api_key(secret)
+        return secret
+
+    @property
+    def actor(self) -> str:
+        return f"key:{self.owner.get_username()}/{self.name}"
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    def revoke(self) -> None:
+        if self.revoked_at is None:
+            self.revoked_at = timezone.now()
+            self.save(update_fields=["revoked_at"])
+
+
+class AuditKind(models.TextChoices):
+    LOAD_REQUESTED = "load_requested", "load requested"
+    LOADING = "loading", "loading"
+    READY = "ready", "ready"
+    LOAD_FAILED = "load_failed", "load failed"
+    EVICTION = "eviction", "eviction"
+    UNLOAD = "unload", "unload (manual)"
+    TTL = "ttl", "unload (idle TTL)"
+    RELOAD = "reload", "unload (reload)"
+    SHUTDOWN = "shutdown", "unload (shutdown)"
+    EXITED = "exited", "exited"
+    CRASH = "crash", "crash"
+    FORCE_KILL = "force_kill", "force-kill"
+    STUCK = "stuck", "stuck"
+    QUARANTINE = "quarantine", "quarantine"
+    LEASE_EXPIRED = "lease_expired", "lease expired"
+    LEFTOVER_KILLED = "leftover_killed", "leftover child killed"
+    PRESET_CREATED = "preset_created", "preset created"
+    PRESET_CHANGED = "preset_changed", "preset changed"
+    PRESET_DELETED = "preset_deleted", "preset deleted"
+    SETTINGS_CHANGED = "settings_changed", "settings changed"
+    AUTH_FAILED = "auth_failed", "API login failed"
+    RETENTION = "retention", "audit rows deleted (retention)"
+
+
+class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
+    def record(self, kind: str, **fields: Any) -> AuditEvent:
+        """Append one row: the only way rows are written (STYLE 12)."""
+        return self.create(kind=kind, **fields)
+
+    def record_many(self, rows: list[AuditEvent]) -> int:
+        """Append a batch; rows already stored (same router boot and seq) are skipped, so a
+        batch retried after an outage lands exactly once."""
+        created = self.bulk_create(rows, ignore_conflicts=True)
+        return len(created)
+
+    def purge_older_than(self, cutoff: Any, *, actor: str = "retention") -> int:
+        """Delete rows older than ``cutoff`` — the only deletion path — and audit that it ran."""
+        deleted, _ = self.filter(time__lt=cutoff).delete()
+        self.record(
+            AuditKind.RETENTION,
+            actor=actor,
+            reason=f"deleted {deleted} rows older than {cutoff:%Y-%m-%d %H:%M}",
+            details={"deleted": deleted, "cutoff": cutoff.isoformat()},
+        )
+        return deleted
+
+
+class AuditEvent(models.Model):
+    """One lifecycle decision or change, kept so a team can answer "who evicted my model, and why".
+
+    Append-only: rows are written through ``AuditEvent.objects.record()`` (or ``record_many`` by
+    the router's batch writer), never edited, and deleted only by the retention job. Router
+    events carry the router's boot id and event ``seq``, unique together, so a batch that is
+    written again after a database outage is stored exactly once.
+    """
+
+    time = models.DateTimeField(default=timezone.now, db_index=True)
+    kind = models.CharField(max_length=32, choices=AuditKind.choices, db_index=True)
+    model = models.CharField(max_length=200, blank=True, db_index=True)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, blank=True)
+    actor = models.CharField(
+        max_length=200,
+        blank=True,
+        db_index=True,
+        help_text="user:<name>, key:<owner>/<name>, anonymous or scheduler",
+    )
+    reason = models.CharField(max_length=500, blank=True)
+    trigger_model = models.CharField(max_length=200, blank=True)
+    trigger_request = models.CharField(max_length=200, blank=True)
+    queue_depth = models.IntegerField(null=True, blank=True)
+    memory_before = models.BigIntegerField(null=True, blank=True)
+    memory_after = models.BigIntegerField(null=True, blank=True)
+    idle_seconds = models.FloatField(null=True, blank=True)
+    stop_seconds = models.FloatField(null=True, blank=True)
+    settle_seconds = models.FloatField(null=True, blank=True)
+    load_seconds = models.FloatField(null=True, blank=True)
+    force_killed = models.BooleanField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    details = models.JSONField(default=dict, blank=True)
+    router_id = models.CharField(max_length=64, blank=True)
+    seq = models.BigIntegerField(null=True, blank=True)
+
+    objects = AuditEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-time", "-id"]
+        indexes = [models.Index(fields=["model", "-time"]), models.Index(fields=["kind", "-time"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["router_id", "seq"],
+                condition=models.Q(seq__isnull=False),
+                name="audit_event_once_per_router_seq",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.time:%Y-%m-%d %H:%M:%S} {self.kind} {self.model}".strip()
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None and not kwargs.get("force_insert"):
+            raise ValidationError("audit events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise ValidationError("audit events are deleted only by the retention job")

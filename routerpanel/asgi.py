@@ -1,4 +1,9 @@
-"""ASGI entry point: HTTP through Django for now; issue 3 adds the router API and WebSockets."""
+"""ASGI entry point: the router API and proxy as raw ASGI, the panel through Django.
+
+``build_http_app`` answers llama.cpp's router routes and the proxied routes itself (the hot path
+skips Django's request machinery) and hands every other path to Django. The protocol router
+stays so that WebSocket routes (the dashboard) can be added next to ``http``.
+"""
 
 import os
 
@@ -9,4 +14,6 @@ from django.core.asgi import get_asgi_application
 
 django_asgi_app = get_asgi_application()
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+from models_app.api import build_http_app  # noqa: E402  (needs the apps loaded)
+
+application = ProtocolTypeRouter({"http": build_http_app(django_asgi_app)})

@@ -1,30 +1,73 @@
-"""``manage.py serve``: migrate, create the first admin, and serve the panel with Daphne.
+"""``manage.py serve``: RouterPanel in one command, flags mirroring llama-server's router.
 
-This is the foundation's version: it serves the Django admin with the presets. The router
-(engine worker, router API and proxy) joins it in the same event loop in the serving issue.
+Embedded mode (the default) is ONE process: Daphne serves HTTP and WebSockets, and the router
+worker for channel ``router`` runs in the same event loop on the in-memory channel layer. With
+``--no-router`` it is the web side of team mode only, talking to ``runrouter`` over Redis.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import shutil
+import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from models_app import bootstrap
+from models_app import bootstrap, runtime, sources, specs
+from models_app.models import Preset, RouterSettings
 
 
 class Command(BaseCommand):
-    help = "Serve RouterPanel (embedded mode: one process)."
+    help = "Serve RouterPanel: the llama.cpp-compatible router API, the proxy and the panel."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--host", default="127.0.0.1", help="listen address (127.0.0.1)")
-        parser.add_argument("--port", type=int, default=8080, help="listen port (8080)")
         parser.add_argument(
-            "--models-preset", metavar="FILE", help="import this llama.cpp preset INI at start"
+            "--host",
+            default=runtime.env_default("LLAMA_ARG_HOST", "127.0.0.1"),
+            help="listen address (127.0.0.1)",
         )
+        parser.add_argument(
+            "--port",
+            type=int,
+            default=int(runtime.env_default("LLAMA_ARG_PORT", "8080") or 8080),
+            help="listen port (8080)",
+        )
+        runtime.add_router_arguments(parser)
+        parser.add_argument(
+            "--api-key",
+            metavar="K[,K]",
+            default=runtime.env_default("LLAMA_API_KEY"),
+            help="API keys clients must send (Bearer or x-api-key)",
+        )
+        parser.add_argument(
+            "--no-models-autoload",
+            dest="autoload",
+            action="store_false",
+            default=runtime.env_default("LLAMA_ARG_MODELS_AUTOLOAD", "1") not in ("0", "false"),
+            help="do not start a model for a request unless it asks with ?autoload=true",
+        )
+        parser.add_argument(
+            "--no-router", action="store_true", help="web side only (team mode, with runrouter)"
+        )
+        parser.add_argument(
+            "--data-dir",
+            metavar="DIR",
+            help="data directory (database, secret key, state file); read by manage.py",
+        )
+        parser.add_argument("--demo-if-empty", action="store_true", help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         bootstrap.migrate()
+        self._announce_admin()
+        self._configure_web(options)
+        if not options["no_router"]:
+            self._import_sources(options)
+        self._run(options)
+
+    def _announce_admin(self) -> None:
         password = bootstrap.ensure_admin()
         if password:
             self.stdout.write(
@@ -33,21 +76,144 @@ class Command(BaseCommand):
                     "It is shown only this once; change it in the panel."
                 )
             )
+
+    def _configure_web(self, options: dict[str, Any]) -> None:
+        runtime.OPTIONS.autoload = options["autoload"]
+        runtime.OPTIONS.api_keys = runtime.split_keys(options["api_key"])
+        runtime.OPTIONS.models_preset = options["models_preset"]
+        runtime.OPTIONS.models_dir = options["models_dir"]
+        runtime.OPTIONS.router = not options["no_router"]
+        try:
+            from models_app.api import auth
+        except ImportError:  # the HTTP layer lands in its own change
+            return
+        auth.configure(runtime.OPTIONS.api_keys)
+
+    def _import_sources(self, options: dict[str, Any]) -> None:
+        """Bring ``--models-preset``, ``--models-dir`` and ``--demo`` into the database."""
         if options["models_preset"]:
             from django.core.management import call_command
 
-            call_command("import_presets", options["models_preset"], stdout=self.stdout)
-        self._run_daphne(options["host"], options["port"])
+            try:
+                call_command("import_presets", options["models_preset"], stdout=self.stdout)
+            except CommandError as exc:
+                raise CommandError(f"failed to initialize router models: {exc}") from None
+        if options["models_dir"]:
+            try:
+                names = sources.import_models_dir(options["models_dir"])
+            except sources.SourceError as exc:
+                raise CommandError(str(exc)) from None
+            self.stdout.write(f"models dir: {len(names)} models")
+        if options["demo"] or (options["demo_if_empty"] and self._nothing_to_serve(options)):
+            names = sources.ensure_demo_presets()
+            self.stdout.write(f"demo: serving simulated models {', '.join(names)}")
 
-    def _run_daphne(self, host: str, port: int) -> None:
+    def _nothing_to_serve(self, options: dict[str, Any]) -> bool:
+        server = options["server_bin"] or RouterSettings.load().server_binary
+        if Preset.objects.exists() or shutil.which(server.split()[0]):
+            return False
+        self.stdout.write(
+            "No presets and no llama-server on PATH: adding three simulated demo models. "
+            "Add presets at /admin/ or pass --models-preset FILE."
+        )
+        return True
+
+    def _run(self, options: dict[str, Any]) -> None:
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
+        from twisted.internet import defer, reactor
 
         from routerpanel.asgi import application
 
-        self.stdout.write(f"RouterPanel on http://{host}:{port}/ (admin at /admin/)")
+        host_url = f"http://{options['host']}:{options['port']}/"
+        if not options["no_router"]:
+            router = EmbeddedRouter(self, options)
+            reactor.callWhenRunning(router.start)  # type: ignore[attr-defined]
+            reactor.addSystemEventTrigger(  # type: ignore[attr-defined]
+                "before", "shutdown", lambda: defer.Deferred.fromFuture(router.stop())
+            )
+        self.stdout.write(f"RouterPanel on {host_url} (panel at {host_url}admin/)")
         Server(
             application=application,
-            endpoints=build_endpoint_description_strings(host=host, port=port),
+            endpoints=build_endpoint_description_strings(
+                host=options["host"], port=options["port"]
+            ),
             signal_handlers=True,
+            verbosity=0,
         ).run()
+        if not options["no_router"] and router.failed:
+            sys.exit(1)
+
+
+class EmbeddedRouter:
+    """Start the router worker inside Daphne's event loop and stop it before the loop ends."""
+
+    def __init__(self, command: Command, options: dict[str, Any]) -> None:
+        from channels.layers import get_channel_layer
+
+        from models_app.worker import RouterHost
+
+        self.command = command
+        self.failed = False
+        overrides = specs.Overrides(
+            models_max=options["models_max"], server_bin=options["server_bin"]
+        )
+        self.host = RouterHost(
+            get_channel_layer(),
+            overrides=overrides,
+            state_file=settings.DATA_DIR / "children.json",
+            before_reload=reimport_sources,
+        )
+        self._worker_task: asyncio.Future[Any] | None = None
+        self._start_task: asyncio.Future[None] | None = None
+
+    def start(self) -> None:
+        self._start_task = asyncio.ensure_future(self._start())
+
+    async def _start(self) -> None:
+        from channels.routing import ChannelNameRouter
+        from channels.worker import Worker
+
+        from models_app.bridge import ROUTER_CHANNEL
+        from models_app.worker import RouterConsumer
+
+        try:
+            await self.host.start()
+        except Exception as exc:
+            self.failed = True
+            self.command.stderr.write(f"failed to start the router: {exc}")
+            from twisted.internet import reactor
+
+            reactor.stop()  # type: ignore[attr-defined]
+            return
+        app = ChannelNameRouter({ROUTER_CHANNEL: RouterConsumer.as_asgi()})
+        worker = Worker(app, [ROUTER_CHANNEL], self.host.layer)
+        self._worker_task = asyncio.ensure_future(worker.arun())
+
+    def stop(self) -> asyncio.Future[Any]:
+        async def stop() -> None:
+            if self._worker_task is not None:
+                self._worker_task.cancel()
+            await self.host.stop()
+
+        return asyncio.ensure_future(stop())
+
+
+async def reimport_sources() -> None:
+    """Re-read ``--models-preset``/``--models-dir`` before a reload (GET /models?reload=1)."""
+    from asgiref.sync import sync_to_async
+
+    def reimport() -> None:
+        if runtime.OPTIONS.models_preset:
+            from pathlib import Path
+
+            from models_app.presets_io import import_presets
+
+            path = runtime.OPTIONS.models_preset
+            if not Path(path).exists():
+                raise ValueError(f"preset file does not exist: {path}")
+            import_presets(Path(path).read_bytes(), source=path)
+        if runtime.OPTIONS.models_dir:
+            sources.import_models_dir(runtime.OPTIONS.models_dir)
+
+    await sync_to_async(reimport)()

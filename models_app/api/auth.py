@@ -1,0 +1,227 @@
+"""API keys: who may call the router API and the proxy, and as whom (DESIGN §5, ROUTER_SPEC 9.1).
+
+Two kinds of key are accepted:
+
+* static keys from ``serve --api-key K[,K]`` or ``LLAMA_API_KEY`` (``configure(keys)``), acting as
+  ``key:api-key-<n>`` (their position in the list, from 1);
+* users' keys stored hashed in the database (``ApiKey``), acting as ``key:<owner>/<name>``.
+
+A request without a valid key acts as ``anonymous``. Keys are **required** when any static key is
+configured or ``RouterSettings.require_api_key`` is on. Merely having personal keys in the
+database does not require them: issuing the first personal key must not lock every other client
+out; it is the admin's explicit switch (llama.cpp equally requires keys only when given some).
+When keys are not required, a valid key still names the actor and a wrong one is ignored, as
+llama.cpp ignores ``Authorization`` when it has no key.
+
+The key is read from ``Authorization`` (``Bearer K`` or a bare ``K``) and, when that is absent or
+empty, from ``X-Api-Key``.
+
+The hot path never waits for the database: ``KeyStore`` holds the active key hashes and the
+``require_api_key`` flag in memory, re-reads them in the background when older than ``ttl``,
+and at once (blocking only that request) after a save or delete in this process (signals) or
+when an unknown key is presented and the table is older than ``miss_refresh``. A revoked key
+therefore stops at once in this process and within ``ttl`` in other web processes. If the
+database cannot be read before anything was loaded, keys are required (fail closed): static keys
+keep working, everything else gets 401 until the database answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
+from django.db.models.signals import post_delete, post_save
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+ANONYMOUS = "anonymous"
+TOUCH_EVERY = 60.0  # seconds between two writes of one key's last_used_at
+
+
+class Unauthorized(Exception):
+    """Answer 401 ``Invalid API Key`` (ROUTER_SPEC 9.1)."""
+
+
+@dataclass(frozen=True)
+class KeyTable:
+    """What the database says: whether keys are required, and the active keys by hash."""
+
+    required: bool
+    keys: Mapping[str, tuple[int, str]] = field(default_factory=dict)  # hash -> (id, actor)
+
+
+def load_from_database() -> KeyTable:
+    """Read the key table (sync: run it in a thread)."""
+    from models_app.models import ApiKey, RouterSettings
+
+    close_old_connections()  # drop a connection the database closed since the last read
+    try:
+        required = (
+            RouterSettings.objects.filter(pk=1).values_list("require_api_key", flat=True).first()
+        )
+        rows = ApiKey.objects.active().values_list("id", "hash", "name", "owner__username")
+        keys = {digest: (pk, f"key:{owner}/{name}") for pk, digest, name, owner in rows}
+        return KeyTable(bool(required), keys)
+    finally:
+        close_old_connections()
+
+
+def touch_in_database(key_id: int) -> None:
+    from models_app.models import ApiKey
+
+    close_old_connections()
+    try:
+        ApiKey.objects.filter(pk=key_id).update(last_used_at=timezone.now())
+    finally:
+        close_old_connections()
+
+
+def digest(key: str | bytes) -> str:
+    raw = key.encode() if isinstance(key, str) else key
+    return hashlib.sha256(raw).hexdigest()
+
+
+def presented_key(headers: Mapping[bytes, bytes]) -> bytes | None:
+    """Return the key a request carries (Authorization first, then X-Api-Key), or None."""
+    value = headers.get(b"authorization", b"").strip()
+    if value[:6].lower() == b"bearer" and (len(value) == 6 or value[6:7].isspace()):
+        value = value[6:].strip()
+    if not value:
+        value = headers.get(b"x-api-key", b"").strip()
+    return value or None
+
+
+class KeyStore:
+    """Check keys against static keys and a cached copy of the database's (see module doc)."""
+
+    def __init__(
+        self,
+        loader: Callable[[], KeyTable] = load_from_database,
+        toucher: Callable[[int], None] | None = touch_in_database,
+        *,
+        ttl: float = 10.0,
+        miss_refresh: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._load = loader
+        self._touch = toucher
+        self.ttl = ttl
+        self.miss_refresh = miss_refresh
+        self._clock = clock
+        self._static: dict[str, str] = {}
+        self._table: KeyTable | None = None
+        self._loaded_at = 0.0
+        self._stale = True  # set by signals: the next request reloads before answering
+        self._refreshing: asyncio.Future[None] | None = None
+        self._touched: dict[int, float] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        _STORES.add(self)
+
+    def configure(self, keys: Iterable[str]) -> None:
+        """Set the static keys (``--api-key``); an empty list removes them."""
+        self._static = {digest(k): f"key:api-key-{n}" for n, k in enumerate(keys, 1) if k}
+
+    def invalidate(self) -> None:
+        """Forget the cached table (a key or the settings changed); thread-safe."""
+        self._stale = True
+
+    async def authenticate(self, headers: Mapping[bytes, bytes]) -> str:
+        """Return the request's actor, or raise ``Unauthorized``."""
+        table = await self._current()
+        key = presented_key(headers)
+        if key is not None:
+            hashed = digest(key)
+            actor = self._static.get(hashed)
+            if actor is not None:
+                return actor
+            found = table.keys.get(hashed)
+            if found is None and self._clock() - self._loaded_at > self.miss_refresh:
+                table = await self._refresh()  # a key issued moments ago in another process
+                found = table.keys.get(hashed)
+            if found is not None:
+                self._note_use(found[0])
+                return found[1]
+        if self._static or table.required:
+            raise Unauthorized
+        return ANONYMOUS
+
+    # ---- the cache ------------------------------------------------------------------------------
+
+    async def _current(self) -> KeyTable:
+        if self._table is None or self._stale:
+            return await self._refresh()
+        if self._clock() - self._loaded_at > self.ttl and self._refreshing is None:
+            self._spawn(self._refresh())  # serve the stale table meanwhile
+        return self._table
+
+    async def _refresh(self) -> KeyTable:
+        """Reload the table; concurrent callers share one database read."""
+        if self._refreshing is None:
+            self._refreshing = asyncio.ensure_future(self._reload())
+        await asyncio.shield(self._refreshing)
+        assert self._table is not None
+        return self._table
+
+    async def _reload(self) -> None:
+        self._stale = False
+        started = self._clock()
+        try:
+            # Not thread-sensitive: a slow panel view must not hold up the API's key check.
+            table = await sync_to_async(self._load, thread_sensitive=False)()
+        except Exception:
+            log.warning("could not read API keys from the database", exc_info=True)
+            if self._table is None:
+                self._table = KeyTable(required=True)  # fail closed; retried on the next miss
+                self._loaded_at = started - self.ttl
+            return
+        else:
+            self._table, self._loaded_at = table, started
+        finally:
+            self._refreshing = None
+
+    def _note_use(self, key_id: int) -> None:
+        """Record last_used_at at most once a minute per key, off the request path."""
+        now = self._clock()
+        if self._touch is None or now - self._touched.get(key_id, -TOUCH_EVERY) < TOUCH_EVERY:
+            return
+        self._touched[key_id] = now
+        self._spawn(sync_to_async(self._touch, thread_sensitive=False)(key_id))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+_STORES: weakref.WeakSet[KeyStore] = weakref.WeakSet()
+
+
+def _invalidate_all(**kwargs: Any) -> None:
+    for store in list(_STORES):
+        store.invalidate()
+
+
+def connect_signals() -> None:
+    """Invalidate every store when a key or the settings row changes in this process."""
+    from models_app.models import ApiKey, RouterSettings
+
+    for sender in (ApiKey, RouterSettings):
+        post_save.connect(_invalidate_all, sender=sender, dispatch_uid=f"api-auth-{sender}")
+        post_delete.connect(_invalidate_all, sender=sender, dispatch_uid=f"api-auth-del-{sender}")
+
+
+DEFAULT = KeyStore()
+
+
+def configure(keys: Iterable[str]) -> None:
+    """Set the static keys of this process (``serve --api-key K[,K]`` / ``LLAMA_API_KEY``)."""
+    DEFAULT.configure(keys)

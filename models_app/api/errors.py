@@ -1,0 +1,84 @@
+"""Error bodies in llama.cpp's shapes and the exception that carries one (ROUTER_SPEC Appendix A).
+
+Handlers raise ``ApiError``; the dispatcher turns it into the response. Bodies are built as bytes
+here, in the key orders llama.cpp emits: ``code, message, type`` for handler errors, and
+``message, type, code`` for the three bodies its HTTP middleware writes (401, the 404 of an
+unknown route, the 503 of a loading child). Every 404, whoever produced it, is answered with the
+generic ``File Not Found`` body (§9.3a, §15.29 keep): ``NOT_FOUND`` is the only 404 body we send.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from models_app.bridge import RouterRejected
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+
+
+def dumps(value: Any) -> bytes:
+    """Serialise compactly, UTF-8 unescaped, as llama.cpp's JSON ``dump()`` does."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def error_body(status: int, message: str, error_type: str | None = None) -> bytes:
+    """A handler error: ``{"error": {"code", "message", "type"}}``."""
+    kind = error_type or ERROR_TYPES.get(status, "server_error")
+    return dumps({"error": {"code": status, "message": message, "type": kind}})
+
+
+def middleware_body(status: int, message: str) -> bytes:
+    """A middleware error: ``{"error": {"message", "type", "code"}}`` (Appendix A, last note)."""
+    return dumps({"error": {"message": message, "type": ERROR_TYPES[status], "code": status}})
+
+
+NOT_FOUND = middleware_body(404, "File Not Found")
+UNAUTHORIZED = middleware_body(401, "Invalid API Key")
+# /tools and /cors-proxy (§9.19): no code, its own type.
+FEATURE_DISABLED = dumps(
+    {"error": {"message": "this feature is disabled", "type": "feature_disabled"}}
+)
+
+
+class ApiError(Exception):
+    """Answer the request with ``status`` and an error body (already encoded)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str = "",
+        error_type: str | None = None,
+        *,
+        body: bytes | None = None,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body if body is not None else error_body(status, message, error_type)
+        self.headers = headers
+
+    @classmethod
+    def from_rejection(cls, rejected: RouterRejected) -> ApiError:
+        """The router said no: its status and error, keys in llama.cpp's order, extras after."""
+        error: dict[str, Any] = dict(rejected.error)
+        ordered: dict[str, Any] = {
+            "code": error.pop("code", rejected.status),
+            "message": error.pop("message", str(rejected)),
+            "type": error.pop("type", ERROR_TYPES.get(rejected.status, "server_error")),
+            **error,
+        }
+        headers: tuple[tuple[bytes, bytes], ...] = ()
+        if rejected.retry_after is not None:  # A8: queue limits answer 503 with Retry-After
+            headers = ((b"retry-after", str(max(1, round(rejected.retry_after))).encode()),)
+        message = str(ordered["message"])
+        return cls(rejected.status, message, body=dumps({"error": ordered}), headers=headers)

@@ -1,0 +1,86 @@
+"""Render the router's snapshot as llama.cpp's ``GET /models`` body (ROUTER_SPEC §9.8).
+
+Each entry has llama.cpp's keys in llama.cpp's order; then, while the model runs, the keys of the
+child's ready payload that are not already there (``meta``); then our additions, as extra keys
+only, so llama.cpp clients (which ignore unknown keys) keep working (§15.32): the engine state
+(which shows ``quarantined`` and ``stuck``), ``stopping``, ``in_flight``, ``pid``, ``memory``
+(RSS bytes), ``pinned``, ``queue_position`` and ``queue_depth`` (waiters for this model) and
+``last_used``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+RUNNING = frozenset({"loading", "loaded", "sleeping"})
+TEXT_ONLY = {"input_modalities": ["text"], "output_modalities": ["text"]}
+
+
+def render(models: Iterable[Mapping[str, Any]], now: float) -> dict[str, Any]:
+    """Return ``{"data": [...], "object": "list"}``, hidden entries left out, in name order."""
+    created = int(now)  # one value for every entry of a response
+    rows = sorted((m for m in models if not m.get("hidden")), key=lambda m: m["name"].encode())
+    return {"data": [entry(m, created) for m in rows], "object": "list"}
+
+
+def entry(model: Mapping[str, Any], created: int) -> dict[str, Any]:
+    value = model.get("status") or "unloaded"
+    source = model.get("source") or "preset"
+    out: dict[str, Any] = {
+        "id": model["name"],
+        "aliases": sorted(model.get("aliases") or ()),
+        "tags": sorted(model.get("tags") or ()),
+        "object": "model",
+        "owned_by": "llamacpp",
+        "created": created,
+        "status": status(model, value),
+        "architecture": architecture(model),
+        "source": source,
+        "can_remove": source == "cache",
+    }
+    ours = extras(model)
+    info = model.get("info")
+    if value in RUNNING and isinstance(info, Mapping):
+        for key, item in info.items():
+            if key not in ours:
+                out.setdefault(key, item)
+    out.update(ours)
+    return out
+
+
+def status(model: Mapping[str, Any], value: str) -> dict[str, Any]:
+    """``{value, args[, preset][, exit_code, failed]}``: exit code and flag only when failed."""
+    out: dict[str, Any] = {"value": value, "args": list(model.get("args") or ())}
+    if model.get("preset") is not None:
+        out["preset"] = model["preset"]
+    if model.get("failed"):
+        code = model.get("exit_code")
+        out["exit_code"] = code if isinstance(code, int) else 1  # a kill reports 1 (§3.5)
+        out["failed"] = True
+    return out
+
+
+def architecture(model: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored one; else what the child reported in its ready payload; else text only."""
+    for candidate in (model.get("architecture"), (model.get("info") or {}).get("architecture")):
+        if isinstance(candidate, Mapping):
+            return {
+                "input_modalities": list(candidate.get("input_modalities") or ["text"]),
+                "output_modalities": list(candidate.get("output_modalities") or ["text"]),
+            }
+    return {key: list(value) for key, value in TEXT_ONLY.items()}
+
+
+def extras(model: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "state": model.get("state") or model.get("status") or "unloaded",
+        "stopping": bool(model.get("stopping")),
+        "in_flight": model.get("in_flight") or 0,
+        "pid": model.get("pid"),
+        "memory": model.get("memory"),
+        "pinned": bool(model.get("pinned")),
+        "queue_position": model.get("queue_position"),
+        "queue_depth": model.get("queue_waiters") or 0,
+        "last_used": model.get("last_used"),
+    }

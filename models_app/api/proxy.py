@@ -1,0 +1,209 @@
+"""The proxy (ROUTER_SPEC §8): find the model, lease it from the router, stream to its child.
+
+Per request: read the body (the model is inside it, §8.4), validate (§8.6), ``acquire`` a lease
+(the router queues, loads and evicts; rule A1-A10), forward to ``127.0.0.1:<port>`` through the
+child's keep-alive pool, relay status, headers and body chunks as they arrive, and release the
+lease when the response ends, fails or the client leaves. A client that leaves while queued
+cancels the ``acquire``, which takes its place out of the queue (A7); one that leaves while
+streaming closes the child connection, which makes llama-server stop generating (§8.15).
+
+Deviation from llama.cpp, on purpose: a child that cannot be reached answers 500 with the same
+``proxy error: <text>`` message, but in the JSON error shape instead of plain text labelled as
+JSON (§8.14, a §15.13 gap). The query string is forwarded as received rather than re-encoded in
+key order (§8.10): the child reads the same parameters either way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from email import policy
+from email.parser import BytesParser
+from typing import TYPE_CHECKING
+
+import httpx
+
+from models_app import runtime
+from models_app.api.errors import ApiError
+from models_app.api.lease import LeaseKeeper
+from models_app.api.request import Request
+
+if TYPE_CHECKING:
+    from models_app.api.app import Api
+
+log = logging.getLogger(__name__)
+
+# §8.1: forwarded with the model from the JSON body.
+POST_PATHS = (
+    "/completion", "/completions", "/v1/completions",
+    "/chat/completions", "/v1/chat/completions", "/v1/chat/completions/control",
+    "/responses", "/v1/responses",
+    "/audio/transcriptions", "/v1/audio/transcriptions",
+    "/v1/messages", "/v1/messages/count_tokens",
+    "/infill",
+    "/embedding", "/embeddings", "/v1/embeddings",
+    "/rerank", "/reranking", "/v1/rerank", "/v1/reranking",
+    "/v1/systemone",
+    "/tokenize", "/detokenize", "/apply-template",
+    "/chat/completions/input_tokens", "/v1/chat/completions/input_tokens",
+    "/responses/input_tokens", "/v1/responses/input_tokens",
+    "/props", "/lora-adapters",
+)  # fmt: skip
+POST_PREFIXES = ("/slots/",)  # POST /slots/:id_slot
+# §8.2: forwarded with the model from ?model= (GET /props?model= comes through routes.props).
+GET_PATHS = ("/metrics", "/lora-adapters", "/slots")
+
+# §8.11 drops these request headers, plus the hop-by-hop ones (RFC 9110 §7.6.1); we set our own
+# X-Request-Id. Host and Content-Length are set by the HTTP client.
+_DROP_REQUEST = frozenset(
+    {
+        b"host", b"content-length", b"transfer-encoding", b"accept-encoding", b"connection",
+        b"keep-alive", b"proxy-connection", b"proxy-authorization", b"te", b"trailer",
+        b"upgrade", b"expect", b"x-request-id",
+    }
+)  # fmt: skip
+# §8.13 drops these child response headers (and Access-Control-*), plus the hop-by-hop ones.
+_DROP_RESPONSE = frozenset(
+    {
+        b"server", b"transfer-encoding", b"content-length", b"keep-alive", b"connection",
+        b"proxy-connection", b"te", b"trailer", b"upgrade", b"x-request-id",
+    }
+)  # fmt: skip
+
+# cpp-httplib's texts for the failures a client sees in "proxy error: <text>" (§8.14).
+_FAILURES: tuple[tuple[type[httpx.HTTPError], str], ...] = (
+    (httpx.ConnectTimeout, "Connection timed out"),
+    (httpx.ConnectError, "Could not establish connection"),
+    (httpx.ReadTimeout, "Read timeout"),
+    (httpx.WriteTimeout, "Write timeout"),
+    (httpx.WriteError, "Failed to write connection"),
+    (httpx.ReadError, "Failed to read connection"),
+    (httpx.RemoteProtocolError, "Failed to read connection"),
+)
+
+
+async def proxy_post(api: Api, request: Request) -> None:
+    body = await request.read_body(api.config.max_body_bytes)
+    content_type = request.headers.get(b"content-type", b"")
+    await forward(api, request, model_from_body(body, content_type), body)
+
+
+async def proxy_get(api: Api, request: Request) -> None:
+    await forward(api, request, request.query("model") or "", b"")
+
+
+def model_from_body(body: bytes, content_type: bytes) -> str:
+    """Return the body's ``model`` ("" when absent or not a string); 400 if it is not JSON."""
+    if content_type[:19].lower() == b"multipart/form-data":
+        data: object = multipart_fields(body, content_type)
+    else:
+        try:
+            data = json.loads(body)
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError: the parser's text
+            raise ApiError(400, str(exc)) from None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) else ""
+
+
+def multipart_fields(body: bytes, content_type: bytes) -> dict[str, str]:
+    """Return the text fields of a multipart form (§8.4: ``model`` may be one of them)."""
+    head = b"Content-Type: " + content_type + b"\r\n\r\n"
+    message = BytesParser(policy=policy.HTTP).parsebytes(head + body)
+    fields: dict[str, str] = {}
+    if not message.is_multipart():
+        return fields
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str) and part.get_filename() is None:
+            payload = part.get_payload(decode=True)
+            if isinstance(payload, bytes):
+                fields.setdefault(name, payload.decode("utf-8", "replace"))
+    return fields
+
+
+def autoload_flag(value: str | None) -> bool:
+    """§8.5: absent or empty is the server default; exactly ``true`` or ``1`` is on; else off."""
+    if not value:
+        return runtime.OPTIONS.autoload
+    return value in ("true", "1")
+
+
+async def forward(api: Api, request: Request, model: str, body: bytes) -> None:
+    """Validate, lease the model and relay the exchange (see module doc)."""
+    if not model:
+        raise ApiError(400, "model name is missing from the request")
+    autoload = autoload_flag(request.query("autoload"))
+    router_id = api.claim_request_id(request.request_id)
+    request.watch_disconnect()
+    try:
+        grant = await api.router.acquire(
+            model, actor=request.actor, autoload=autoload, request_id=router_id
+        )
+        lease = LeaseKeeper(api.router, grant)
+        try:
+            await relay(api, request, grant.model, grant.port, body)
+        finally:
+            await lease.release()
+    finally:
+        api.release_request_id(router_id)
+
+
+async def relay(api: Api, request: Request, model: str, port: int, body: bytes) -> None:
+    pool = api.upstreams.checkout(model, port)
+    try:
+        try:
+            response = await pool.send(
+                request.method, upstream_target(request), upstream_headers(request), body
+            )
+        except httpx.HTTPError as exc:
+            raise ApiError(500, f"proxy error: {describe(exc)}") from None
+        try:
+            await stream_back(request, response, port)
+        finally:
+            await response.aclose()  # unread: the connection closes and the child stops
+    finally:
+        api.upstreams.checkin(pool)
+
+
+async def stream_back(request: Request, response: httpx.Response, port: int) -> None:
+    """Relay the child's status, headers and body chunks as they arrive (§8.13)."""
+    if response.status_code == 404:
+        await request.respond(404, b"")  # the generic body replaces the child's (§9.3a keep)
+        return
+    await request.start(response.status_code, response_headers(response))
+    try:
+        async for chunk in response.aiter_raw():
+            await request.write(chunk)
+    except httpx.HTTPError as exc:  # the child died mid-response: the stream just ends (§3.6)
+        log.warning("child on port %s broke off a response: %s", port, describe(exc))
+    await request.end()
+
+
+def upstream_target(request: Request) -> str:
+    scope = request.scope
+    path: bytes = scope.get("raw_path") or scope["path"].encode()
+    query: bytes = scope.get("query_string", b"")
+    return (path + b"?" + query if query else path).decode("latin-1")
+
+
+def upstream_headers(request: Request) -> list[tuple[bytes, bytes]]:
+    headers = [(k, v) for k, v in request.headers.items() if k not in _DROP_REQUEST]
+    headers.append((b"x-request-id", request.request_id.encode()))
+    return headers
+
+
+def response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+    headers = []
+    for name, value in response.headers.raw:
+        name = name.lower()
+        if name not in _DROP_RESPONSE and not name.startswith(b"access-control-"):
+            headers.append((name, value))
+    headers.append((b"x-accel-buffering", b"no"))
+    return headers
+
+
+def describe(exc: httpx.HTTPError) -> str:
+    for kind, text in _FAILURES:
+        if isinstance(exc, kind):
+            return text
+    return str(exc) or type(exc).__name__

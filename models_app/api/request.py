@@ -1,0 +1,186 @@
+"""One API request: its scope parsed once, its body, its response, and its client's departure.
+
+``Request`` is the only place that talks ASGI to the server for the API routes, so the rules
+that hold for every response live here: ``Server: llama.cpp`` and ``X-Request-Id`` on every
+answer, CORS for browsers (§9.2), and the generic body on every 404 (§9.3a, §15.29 keep).
+
+Headers are kept as a dict of lower-case byte names (ASGI gives them lower-cased); a repeated
+header keeps its last value, as llama.cpp's proxy collapses duplicates (§8.11).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+from models_app.api.errors import NOT_FOUND, ApiError, dumps
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON_TYPE = b"application/json; charset=utf-8"
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:@/+=-]{1,128}")
+
+
+class ClientGone(Exception):
+    """The client disconnected before we answered: there is nobody to answer."""
+
+
+def request_id_from(value: bytes | None) -> str:
+    """Return the client's X-Request-Id if it is a sane token, else a fresh one."""
+    if value is not None:
+        value = value.strip()
+        if _REQUEST_ID.fullmatch(value):
+            return value.decode("ascii")
+    return uuid.uuid4().hex
+
+
+class Request:
+    """An API request and its response; not used for the paths that go to Django."""
+
+    __slots__ = (
+        "_query",
+        "_send",
+        "_watcher",
+        "actor",
+        "client_gone",
+        "finished",
+        "headers",
+        "method",
+        "path",
+        "receive",
+        "request_id",
+        "scope",
+        "started",
+    )
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.scope = scope
+        self.receive = receive
+        self._send = send
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.headers: dict[bytes, bytes] = dict(scope["headers"])
+        self.request_id = request_id_from(self.headers.get(b"x-request-id"))
+        self.actor = "anonymous"
+        self.started = False  # the response's status line is out: errors can no longer be sent
+        self.finished = False  # the last body message is (being) sent
+        self.client_gone = False
+        self._query: dict[str, str] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    # ---- reading ----------------------------------------------------------------------------
+
+    def query(self, name: str) -> str | None:
+        """Return a query parameter (its first value), or None."""
+        if self._query is None:
+            self._query = {}
+            raw = self.scope.get("query_string", b"").decode("utf-8", "replace")
+            for key, value in parse_qsl(raw, keep_blank_values=True):
+                self._query.setdefault(key, value)
+        return self._query.get(name)
+
+    async def read_body(self, limit: int) -> bytes:
+        """Read the whole body; 413 beyond ``limit`` bytes; ``ClientGone`` if the client left."""
+        declared = self.headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_large(limit)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise too_large(limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    # ---- the client leaving -----------------------------------------------------------------
+
+    def watch_disconnect(self) -> None:
+        """From now on, cancel the handling task if the client leaves (§8.15, rule A7).
+
+        Call it after the body has been read: the watcher consumes ``receive``. The handler
+        then sees ``CancelledError`` wherever it waits (queued in ``acquire``, reading from the
+        child) and its ``finally`` blocks cancel the waiter or release the lease. Once the
+        response is finished, a disconnect (Daphne sends one after every response) is ignored.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+
+        async def watch() -> None:
+            while True:
+                message = await self.receive()
+                if message["type"] == "http.disconnect":
+                    if not self.finished:
+                        self.client_gone = True
+                        task.cancel()
+                    return
+
+        self._watcher = asyncio.ensure_future(watch())
+
+    def stop_watching(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+
+    # ---- answering --------------------------------------------------------------------------
+
+    def common_headers(self) -> list[tuple[bytes, bytes]]:
+        headers = [(b"server", b"llama.cpp"), (b"x-request-id", self.request_id.encode())]
+        origin = self.headers.get(b"origin")
+        if origin:  # llama.cpp's default --cors-origins "*" with credentials echoes the Origin
+            headers.append((b"access-control-allow-origin", origin))
+            headers.append((b"access-control-allow-credentials", b"true"))
+        return headers
+
+    async def respond(
+        self,
+        status: int,
+        body: bytes,
+        content_type: bytes = JSON_TYPE,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        """Send a whole response; a 404 always carries the generic body (§9.3a keep)."""
+        if status == 404:
+            body, content_type = NOT_FOUND, JSON_TYPE
+        start = [
+            (b"content-type", content_type),
+            (b"content-length", str(len(body)).encode()),
+            *self.common_headers(),
+            *headers,
+        ]
+        self.started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": start})
+        self.finished = True
+        await self._send({"type": "http.response.body", "body": body})
+
+    async def respond_json(self, value: Any, status: int = 200) -> None:
+        await self.respond(status, dumps(value))
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """Start a streamed response: ``headers`` plus the common ones, no Content-Length."""
+        self.started = True
+        headers.extend(self.common_headers())
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def write(self, chunk: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def end(self) -> None:
+        self.finished = True
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body too large (limit: {limit} bytes)")

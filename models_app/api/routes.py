@@ -1,0 +1,96 @@
+"""The routes the router answers itself (ROUTER_SPEC §9.B, Appendix A).
+
+Every answer about models comes from the router worker over the bridge (``call``), so this web
+process may be one of several (team mode). Status codes follow llama.cpp, quirks included:
+an unknown model is 404 on ``/models/load`` (answered with the generic body, §9.3a) but 400 on
+``/models/unload`` (§15.2 keep), and ``?reload=`` with any non-empty value reloads (§15.1 keep).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from models_app import runtime
+from models_app.api import listing, proxy
+from models_app.api.errors import FEATURE_DISABLED, ApiError
+from models_app.api.request import Request
+
+if TYPE_CHECKING:
+    from models_app.api.app import Api
+
+HEALTH = b'{"status":"ok"}'
+
+
+async def health(api: Api, request: Request) -> None:
+    """§9.6: 200 as soon as we listen; says nothing about the children (public)."""
+    await request.respond(200, HEALTH)
+
+
+async def props(api: Api, request: Request) -> None:
+    """§9.7: the router's own props; with ``?model=`` the child's, through the GET proxy."""
+    if request.query("model"):
+        await proxy.proxy_get(api, request)
+        return
+    snapshot = await api.router.call("snapshot")
+    config = snapshot.get("config") or {}
+    await request.respond_json(
+        {
+            "role": "router",
+            "max_instances": config.get("models_max", 0),
+            "models_autoload": runtime.OPTIONS.autoload,
+            "model_alias": "llama-server",
+            "model_path": "none",
+            "default_generation_settings": {"params": None, "n_ctx": 0},
+            "ui_settings": {},
+            "build_info": api.config.build_info,
+            "cors_proxy_enabled": False,
+        }
+    )
+
+
+async def list_models(api: Api, request: Request) -> None:
+    """§9.8: ``GET /models`` and ``GET /v1/models``; ``?reload=<anything>`` re-reads presets."""
+    if request.query("reload"):
+        await api.router.call("reload", actor=request.actor)  # a failure answers its error (500)
+    snapshot = await api.router.call("snapshot")
+    await request.respond_json(listing.render(snapshot.get("models") or (), time.time()))
+
+
+async def load(api: Api, request: Request) -> None:
+    """§9.9 (through the queue, rule A9): ``{"success": true}`` once the load has started."""
+    model = await _model_of(api, request)
+    if not model:
+        raise ApiError(404, "model is not found")  # llama.cpp looks "" up: not found, 404
+    await request.respond_json(await api.router.call("load", model=model, actor=request.actor))
+
+
+async def unload(api: Api, request: Request) -> None:
+    """§9.10: ``{"success": true}`` at once; the child exits within its stop-timeout."""
+    model = await _model_of(api, request)
+    if not model:
+        raise ApiError(400, "model is not found")
+    await request.respond_json(await api.router.call("unload", model=model, actor=request.actor))
+
+
+async def _model_of(api: Api, request: Request) -> str:
+    body = await request.read_body(api.config.max_body_bytes)
+    try:
+        data: Any = json.loads(body)
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) else ""
+
+
+async def downloads_unsupported(api: Api, request: Request) -> None:
+    """``POST /models`` and ``DELETE /models`` (§9.12-9.13): presets are added in the panel."""
+    raise ApiError(
+        501, "downloading models into the cache is not supported by RouterPanel; add a preset"
+    )
+
+
+async def feature_disabled(api: Api, request: Request) -> None:
+    """``/tools`` and ``/cors-proxy`` (§9.19): disabled, in llama.cpp's words."""
+    await request.respond(403, FEATURE_DISABLED)

@@ -1,0 +1,80 @@
+"""Write audit rows for changes made through the panel, the admin or the API (DESIGN §6).
+
+Router events (loads, evictions, exits, …) are written by the router side's batch writer; this
+module covers what the web side changes. Every function appends rows through
+``AuditEvent.objects.record`` — the one write path (STYLE 12).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.forms.models import model_to_dict
+
+from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
+
+PRESET_FIELDS = (
+    "name", "aliases", "model_path", "args", "env", "stop_timeout", "load_on_startup", "pinned",
+    "ttl", "load_timeout", "memory_estimate", "server_bin", "enabled",
+)  # fmt: skip
+SETTINGS_FIELDS = (
+    "models_max", "memory_budget", "memory_headroom", "settle_timeout", "max_waiters", "max_wait",
+    "default_stop_timeout", "quarantine_after", "server_binary", "require_api_key", "global_args",
+)  # fmt: skip
+
+
+def preset_state(preset: Preset | None) -> dict[str, Any] | None:
+    """The audited fields of a preset, to pass as ``before`` to ``record_preset_change``."""
+    return None if preset is None else model_to_dict(preset, fields=PRESET_FIELDS)
+
+
+def settings_state(row: RouterSettings) -> dict[str, Any]:
+    return model_to_dict(row, fields=SETTINGS_FIELDS)
+
+
+def diff(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, list[Any]]:
+    """Field-level diff: ``{field: [old, new]}`` for every field that changed."""
+    before, after = before or {}, after or {}
+    keys = sorted(set(before) | set(after))
+    return {k: [before.get(k), after.get(k)] for k in keys if before.get(k) != after.get(k)}
+
+
+def record_preset_change(
+    before: dict[str, Any] | None, after: Preset | None, actor: str
+) -> AuditEvent | None:
+    """Audit a preset created (``before`` None), changed, or deleted (``after`` None)."""
+    new = preset_state(after)
+    changes = diff(before, new)
+    if not changes:
+        return None
+    if before is None:
+        kind = AuditKind.PRESET_CREATED
+    elif after is None:
+        kind = AuditKind.PRESET_DELETED
+    else:
+        kind = AuditKind.PRESET_CHANGED
+    name = (new or before or {}).get("name", "")
+    return AuditEvent.objects.record(
+        kind, model=name, actor=actor, reason=", ".join(changes), details={"changes": changes}
+    )
+
+
+def record_settings_change(
+    before: dict[str, Any], after: RouterSettings, actor: str
+) -> AuditEvent | None:
+    changes = diff(before, settings_state(after))
+    if not changes:
+        return None
+    return AuditEvent.objects.record(
+        AuditKind.SETTINGS_CHANGED,
+        actor=actor,
+        reason=", ".join(changes),
+        details={"changes": changes},
+    )
+
+
+def actor_of(user: Any) -> str:
+    """The actor string of a panel user (API requests use ``key:<owner>/<name>``)."""
+    if user is None or not getattr(user, "is_authenticated", False):
+        return "anonymous"
+    return f"user:{user.get_username()}"

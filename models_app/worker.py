@@ -1,0 +1,266 @@
+"""Host the router engine in a Channels worker for channel ``router`` (DESIGN §2, §5).
+
+``RouterHost`` owns the engine inside the worker process: ``serve`` (embedded mode, in Daphne's
+event loop) or ``runrouter`` (team mode) creates it, starts it at boot — not on the first
+message — and stops it on SIGTERM/SIGINT, which stops every child within its stop-timeout.
+``RouterConsumer`` is the Channels consumer for channel ``router``; it only forwards each
+message type to the host method of the same name (STYLE 13).
+
+Answers never block the consumer: an acquire may wait minutes in the queue, so each one runs
+in a task of its own that answers on the caller's reply channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from channels.consumer import AsyncConsumer
+from channels.layers import BaseChannelLayer
+from routerpanel.router.engine import Engine, EngineEvent, RouterError
+
+from models_app import bridge, specs
+
+log = logging.getLogger(__name__)
+
+QUEUED_AFTER = 0.5  # seconds: an acquire not answered by then is told "queued" first
+
+_host: RouterHost | None = None
+
+
+def current_host() -> RouterHost | None:
+    return _host
+
+
+class RouterHost:
+    """Run one engine and answer the bridge protocol for it."""
+
+    def __init__(
+        self,
+        layer: BaseChannelLayer,
+        *,
+        overrides: specs.Overrides | None = None,
+        state_file: Path | None = None,
+        before_reload: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.layer = layer
+        self.overrides = overrides or specs.Overrides()
+        self.state_file = state_file
+        self.before_reload = before_reload
+        self.engine: Engine | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._acquires: dict[str, asyncio.Task[Any]] = {}
+        self._pump: asyncio.Task[None] | None = None
+        self._listeners: list[Callable[[EngineEvent], None]] = []
+
+    def add_listener(self, listener: Callable[[EngineEvent], None]) -> None:
+        """Call ``listener`` with every engine event, in order (audit writer, metrics). It must
+        not block: it runs on the router's event loop."""
+        self._listeners.append(listener)
+
+    async def start(self) -> None:
+        """Build the engine from the database, start it and publish its events."""
+        global _host
+        config, presets = await sync_to_async(specs.load_specs)(self.overrides)
+        self.engine = Engine(config, presets, state_file=self.state_file)
+        self._pump = asyncio.create_task(self._publish_events(self.engine))
+        leftovers = await self.engine.start()
+        for leftover in leftovers:
+            log.warning("killed a leftover child from an earlier router: %s", leftover)
+        _host = self
+
+    async def stop(self) -> None:
+        """Stop every child within its stop-timeout, then the event pump."""
+        global _host
+        if self.engine is not None:
+            await self.engine.shutdown()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._pump is not None:
+            self._pump.cancel()
+        if _host is self:
+            _host = None
+
+    async def _publish_events(self, engine: Engine) -> None:
+        async for event in engine.subscribe():
+            for listener in self._listeners:
+                try:
+                    listener(event)
+                except Exception:
+                    log.exception("event listener failed on event %s", event.seq)
+            payload = {"seq": event.seq, "type": event.type, "time": event.time, "data": event.data}
+            try:
+                await self.layer.group_send(bridge.EVENTS_GROUP, bridge.event(payload))
+            except Exception:  # a slow or absent subscriber must never stop the router
+                log.debug("event %s not delivered", event.seq, exc_info=True)
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @property
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise RuntimeError("the router is not started")
+        return self.engine
+
+    # ---- message handlers, one per type -------------------------------------------------
+
+    def router_acquire(self, message: dict[str, Any]) -> None:
+        request_id = message["request_id"]
+        self._acquires[request_id] = self._spawn(self._acquire(message))
+
+    async def _acquire(self, message: dict[str, Any]) -> None:
+        request_id, reply = message["request_id"], message["reply_channel"]
+        wait = asyncio.ensure_future(
+            self._engine.acquire(
+                message["model"],
+                request_id=request_id,
+                actor=message.get("actor", ""),
+                autoload=message.get("autoload", True),
+            )
+        )
+        try:
+            done, _ = await asyncio.wait({wait}, timeout=QUEUED_AFTER)
+            if not done:
+                position = self._queue_position(message["model"])
+                await self.layer.send(reply, bridge.queued(request_id, position))
+            lease = await wait
+        except RouterError as exc:
+            answer: dict[str, Any] = dict(
+                bridge.rejected(
+                    request_id,
+                    exc.status,
+                    bridge.error_body(exc.status, exc.message, exc.error_type),
+                    exc.retry_after,
+                )
+            )
+        except asyncio.CancelledError:
+            wait.cancel()
+            raise
+        else:
+            ttl = self._engine.snapshot()["config"].get("lease_ttl", 30.0)
+            answer = dict(bridge.granted(request_id, lease.lease_id, lease.model, lease.port, ttl))
+        finally:
+            self._acquires.pop(request_id, None)
+        await self.layer.send(reply, answer)
+
+    def _queue_position(self, model: str) -> int:
+        name = self._engine.resolve(model) or model
+        for row in self._engine.snapshot()["models"]:
+            if row["name"] == name:
+                return int(row.get("queue_position") or 0)
+        return 0
+
+    def router_renew(self, message: dict[str, Any]) -> None:
+        self._engine.renew(message["lease_id"])
+
+    def router_release(self, message: dict[str, Any]) -> None:
+        self._engine.release(message["lease_id"])
+
+    def router_cancel(self, message: dict[str, Any]) -> None:
+        task = self._acquires.pop(message["request_id"], None)
+        if task is not None:
+            task.cancel()
+        self._engine.cancel(message["request_id"])
+
+    def router_load(self, message: dict[str, Any]) -> None:
+        self._call(message, self._load)
+
+    async def _load(self, message: dict[str, Any]) -> dict[str, Any]:
+        await self._engine.load(message["model"], actor=message.get("actor", ""))
+        return {"success": True}
+
+    def router_unload(self, message: dict[str, Any]) -> None:
+        self._call(message, self._unload)
+
+    async def _unload(self, message: dict[str, Any]) -> dict[str, Any]:
+        await self._engine.unload(message["model"], actor=message.get("actor", ""))
+        return {"success": True}
+
+    def router_reload(self, message: dict[str, Any]) -> None:
+        self._call(message, self._reload)
+
+    async def _reload(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self.before_reload is not None:
+            await self.before_reload()
+        _, presets = await sync_to_async(specs.load_specs)(self.overrides)
+        return await self._engine.reload(presets, actor=message.get("actor", ""))
+
+    def router_snapshot(self, message: dict[str, Any]) -> None:
+        self._call(message, self._snapshot)
+
+    async def _snapshot(self, message: dict[str, Any]) -> dict[str, Any]:
+        what = message.get("what", "snapshot")
+        if what == "memory":
+            return {"memory": self._engine.memory_history()}
+        if what == "logs":
+            return {"logs": self._engine.logs(message["model"])}
+        return self._engine.snapshot()
+
+    def router_settings(self, message: dict[str, Any]) -> None:
+        self._call(message, self._settings)
+
+    async def _settings(self, message: dict[str, Any]) -> dict[str, Any]:
+        config, _ = await sync_to_async(specs.load_specs)(self.overrides)
+        await self._engine.update_settings(config, actor=message.get("actor", ""))
+        return {"success": True}
+
+    def _call(
+        self,
+        message: dict[str, Any],
+        handler: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
+    ) -> None:
+        async def answer() -> None:
+            request_id, reply = message["request_id"], message["reply_channel"]
+            work = asyncio.ensure_future(handler(message))
+            done, _ = await asyncio.wait({work}, timeout=QUEUED_AFTER)
+            if not done:
+                await self.layer.send(reply, bridge.accepted(request_id))
+            try:
+                body = await work
+                out = bridge.result(request_id, body)
+            except RouterError as exc:
+                out = bridge.result(request_id, exc.body(), exc.status)
+            except Exception as exc:  # a bad preset on reload: 500 with the text (rule 2.25)
+                log.exception("router %s failed", message["type"])
+                error = bridge.error_body(500, str(exc), "server_error")
+                out = bridge.result(request_id, {"error": dict(error)}, 500)
+            await self.layer.send(reply, out)
+
+        self._spawn(answer())
+
+
+class RouterConsumer(AsyncConsumer):
+    """The consumer of channel ``router``: forwards each message to the running host."""
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        host = current_host()
+        handler = getattr(host, message["type"].replace(".", "_"), None) if host else None
+        if handler is None:
+            await self._refuse(message, host)
+            return
+        try:
+            handler(message)
+        except RouterError as exc:
+            log.info("router refused %s: %s", message["type"], exc.message)
+        except Exception:
+            log.exception("router message %s failed", message["type"])
+
+    async def _refuse(self, message: dict[str, Any], host: RouterHost | None) -> None:
+        reply = message.get("reply_channel")
+        if not reply:
+            return
+        text = "router unavailable" if host is None else f"unknown message {message['type']}"
+        error = bridge.error_body(503, text, "unavailable_error")
+        if message["type"] == "router.acquire":
+            out: dict[str, Any] = dict(bridge.rejected(message["request_id"], 503, error, 5))
+        else:
+            out = dict(bridge.result(message.get("request_id", ""), {"error": dict(error)}, 503))
+        await self.channel_layer.send(reply, out)
