@@ -1,0 +1,204 @@
+"""llama.cpp's own router scenarios, through a real ``manage.py serve`` with simulated children.
+
+Each test starts RouterPanel as a user would (an INI preset file, ``--models-max``), drives it
+over HTTP from several threads, and reads the order of events from ``/models/sse``. A sampler
+counts the live children every 5 ms: never more than ``models_max``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.serving import LiveChildSampler, free_port, run_manage, sim_preset, simserver_processes
+
+
+def chat(model: str, tokens: int = 4, stream: bool = False) -> dict[str, object]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": tokens,
+        "stream": stream,
+    }
+
+
+class SseLog:
+    """Collect /models/sse events in a thread."""
+
+    def __init__(self, url: str) -> None:
+        self.events: list[tuple[str, str, dict[str, object]]] = []
+        self._url = url
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> SseLog:
+        self._thread.start()
+        time.sleep(0.3)  # let the subscription open before the test acts
+        return self
+
+    def _run(self) -> None:
+        try:
+            with httpx.stream("GET", f"{self._url}/models/sse", timeout=None) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        item = json.loads(line[6:])
+                        self.events.append((item["model"], item["event"], item["data"]))
+        except httpx.HTTPError:
+            pass  # the server stopped at the end of the test
+
+    def statuses(self, status: str) -> list[str]:
+        return [model for model, _, data in self.events if data.get("status") == status]
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[object]:
+    marker = f"scn-{tmp_path.name}"
+
+    def start(presets: str, models_max: int) -> object:
+        ini = tmp_path / "models.ini"
+        ini.write_text(presets)
+        return run_manage(
+            ["serve", "--models-preset", str(ini), "--models-max", str(models_max)],
+            tmp_path / "data",
+            port=free_port(),
+        )
+
+    start.marker = marker  # type: ignore[attr-defined]
+    yield start
+    assert simserver_processes(marker) == [], "children outlived the router"
+
+
+def test_a_busy_model_is_not_evicted_and_the_queued_request_waits(serve: object) -> None:
+    marker = serve.marker  # type: ignore[attr-defined]
+    presets = sim_preset("a", marker, token_ms=100) + sim_preset("b", marker)
+    with serve(presets, 1) as server, LiveChildSampler(marker) as sampler:  # type: ignore[operator]
+        sse = SseLog(server.url).start()
+        done: dict[str, float] = {}
+
+        def long_stream() -> None:
+            with httpx.stream(
+                "POST", f"{server.url}/v1/chat/completions", json=chat("a", 20, True), timeout=60
+            ) as response:
+                body = b"".join(response.iter_bytes())
+            assert b"[DONE]" in body  # the busy stream was not cut short
+            done["a"] = time.monotonic()
+
+        thread = threading.Thread(target=long_stream)
+        thread.start()
+        time.sleep(0.8)  # a is loaded and streaming
+        response = httpx.post(f"{server.url}/v1/chat/completions", json=chat("b"), timeout=60)
+        done["b"] = time.monotonic()
+        thread.join(60)
+        assert response.status_code == 200
+        assert done["b"] > done["a"]
+        assert sampler.maximum <= 1
+    assert sse.statuses("unloaded")[:1] == ["a"]
+
+
+def test_three_waiters_for_one_model_share_one_eviction(serve: object) -> None:
+    marker = serve.marker  # type: ignore[attr-defined]
+    presets = sim_preset("a", marker) + sim_preset("b", marker, load_ms=500)
+    with serve(presets, 1) as server, LiveChildSampler(marker) as sampler:  # type: ignore[operator]
+        assert httpx.post(f"{server.url}/models/load", json={"model": "a"}).status_code == 200
+        sse = SseLog(server.url).start()
+        results: list[int] = []
+        threads = [
+            threading.Thread(
+                target=lambda: results.append(
+                    httpx.post(
+                        f"{server.url}/v1/chat/completions", json=chat("b"), timeout=60
+                    ).status_code
+                )
+            )
+            for _ in range(3)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert results == [200, 200, 200]
+        assert sampler.maximum <= 1
+    loads_of_b = [m for m, event, d in sse.events if m == "b" and d.get("status") == "loading"]
+    assert len(loads_of_b) == 1
+    assert sse.statuses("unloaded").count("a") == 1
+
+
+def test_a_client_that_leaves_the_queue_costs_nobody_their_slot(serve: object) -> None:
+    marker = serve.marker  # type: ignore[attr-defined]
+    presets = (
+        sim_preset("a", marker, token_ms=100) + sim_preset("b", marker) + sim_preset("c", marker)
+    )
+    with serve(presets, 1) as server:  # type: ignore[operator]
+        sse = SseLog(server.url).start()
+        streamer = threading.Thread(
+            target=lambda: httpx.post(
+                f"{server.url}/v1/chat/completions", json=chat("a", 15, True), timeout=60
+            )
+        )
+        streamer.start()
+        time.sleep(0.8)
+        with pytest.raises(httpx.ReadTimeout):  # b's client gives up while queued
+            httpx.post(f"{server.url}/v1/chat/completions", json=chat("b"), timeout=0.5)
+        response = httpx.post(f"{server.url}/v1/chat/completions", json=chat("c"), timeout=60)
+        streamer.join(60)
+        assert response.status_code == 200
+    assert "b" not in sse.statuses("loading")
+    assert "c" in sse.statuses("loading")
+
+
+def test_the_queue_is_fifo(serve: object) -> None:
+    marker = serve.marker  # type: ignore[attr-defined]
+    presets = "".join(sim_preset(n, marker, token_ms=60 if n == "a" else 0) for n in "abcd")
+    with serve(presets, 1) as server, LiveChildSampler(marker) as sampler:  # type: ignore[operator]
+        sse = SseLog(server.url).start()
+        threads = [
+            threading.Thread(
+                target=httpx.post,
+                args=(f"{server.url}/v1/chat/completions",),
+                kwargs={"json": chat(name, 15 if name == "a" else 2, name == "a"), "timeout": 60},
+            )
+            for name in "abcd"
+        ]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.3)  # arrival order a, b, c, d
+        for thread in threads:
+            thread.join(60)
+        assert sampler.maximum <= 1
+    assert sse.statuses("loading") == ["a", "b", "c", "d"]
+
+
+def test_two_waiters_that_find_the_same_idle_victims_are_both_served(serve: object) -> None:
+    marker = serve.marker  # type: ignore[attr-defined]
+    presets = "".join(sim_preset(n, marker) for n in "abcd")
+    with serve(presets, 2) as server, LiveChildSampler(marker) as sampler:  # type: ignore[operator]
+        for name in "ab":
+            assert (
+                httpx.post(f"{server.url}/v1/chat/completions", json=chat(name)).status_code == 200
+            )
+        results: dict[str, int] = {}
+        threads = [
+            threading.Thread(
+                target=lambda n=name: results.__setitem__(
+                    n,
+                    httpx.post(
+                        f"{server.url}/v1/chat/completions", json=chat(n), timeout=60
+                    ).status_code,
+                )
+            )
+            for name in "cd"
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert results == {"c": 200, "d": 200}
+        assert sampler.maximum <= 2
+        listed = httpx.get(f"{server.url}/v1/models").json()["data"]
+        running = sorted(m["id"] for m in listed if m["status"]["value"] == "loaded")
+        assert running == ["c", "d"]

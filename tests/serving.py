@@ -1,0 +1,161 @@
+"""Run RouterPanel as a user does — ``manage.py serve`` / ``runrouter`` subprocesses — for tests.
+
+Shared by the process, services and llama tiers. Every process gets its own data dir and a free
+port, is stopped with SIGTERM (then SIGKILL) at teardown, and leaves no child behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+SIMSERVER = f"{sys.executable} -m routerpanel.router.simserver"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def sim_preset(
+    name: str, marker: str, *, load_ms: int = 50, token_ms: int = 0, extra: str = ""
+) -> str:
+    """An INI section running the simulated llama-server, tagged with ``marker`` in its argv
+    (it ignores the unknown flag) so that a test can count exactly its own children."""
+    return (
+        f"[{name}]\nserver-bin = {SIMSERVER}\nsim-load-ms = {load_ms}\n"
+        f"sim-token-ms = {token_ms}\nstop-timeout = 3\ntest-marker = {marker}\n{extra}"
+    )
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    url: str
+    data_dir: Path
+    log: Path
+
+    def client(self, **kwargs: object) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60, **kwargs)  # type: ignore[arg-type]
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def wait_until(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextmanager
+def run_manage(
+    args: Sequence[str],
+    data_dir: Path,
+    *,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    ready: str = "health",
+    timeout: float = 90,
+) -> Iterator[Server]:
+    """Run ``manage.py <args>`` until the block ends; ``ready`` is "health" or a log text."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = data_dir / f"{args[0]}-{time.monotonic_ns()}.log"
+    full_env = {**os.environ, "ROUTERPANEL_DATA_DIR": str(data_dir), **(env or {})}
+    full_env.setdefault("ROUTERPANEL_ADMIN_PASSWORD", "test-only-password")
+    command = [sys.executable, "manage.py", *args]
+    url = ""
+    if port is not None:
+        command += ["--port", str(port)]
+        url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=full_env, stdout=sink, stderr=subprocess.STDOUT
+        )
+    server = Server(process, url, data_dir, log)
+    try:
+        if ready == "health":
+            wait_until(lambda: _healthy(url) or process.poll() is not None, timeout, "health")
+        else:
+            wait_until(
+                lambda: ready in server.output() or process.poll() is not None, timeout, ready
+            )
+        if process.poll() is not None:
+            raise AssertionError(f"{args[0]} exited early:\n{server.output()}")
+        yield server
+    finally:
+        stop(process)
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def simserver_processes(marker: str) -> list[psutil.Process]:
+    """Live simulated servers started from presets tagged with ``marker``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            cmdline = proc.info["cmdline"] or []
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if "routerpanel.router.simserver" in cmdline and marker in cmdline:
+            found.append(proc)
+    return found
+
+
+class LiveChildSampler:
+    """Count this test's live children every few milliseconds, in a thread; keep the maximum."""
+
+    def __init__(self, marker: str, interval: float = 0.005) -> None:
+        import threading
+
+        self.marker = marker
+        self.interval = interval
+        self.maximum = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> LiveChildSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.maximum = max(self.maximum, len(simserver_processes(self.marker)))
+            self.samples += 1
+            self._stop.wait(self.interval)
