@@ -56,6 +56,13 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         help="command to run for presets that name no server binary (default: llama-server)",
     )
     parser.add_argument(
+        "--lease-ttl",
+        type=float,
+        metavar="SECONDS",
+        default=float(env_default("ROUTERPANEL_LEASE_TTL", "30") or 30),
+        help="a lease the web side stops renewing expires after this long (30)",
+    )
+    parser.add_argument(
         "--demo",
         action="store_true",
         help="add three simulated models of different sizes (no GPU or model file needed)",

@@ -120,13 +120,21 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
             process.wait(10)
 
 
-def simserver_processes(marker: str) -> list[psutil.Process]:
-    """Live simulated servers started from presets tagged with ``marker``."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
+def simserver_processes(marker: str, root: int | None = None) -> list[psutil.Process]:
+    """Live simulated servers started from presets tagged with ``marker``; only descendants of
+    ``root`` when given (much cheaper than scanning every process)."""
+    if root is None:
+        candidates = list(psutil.process_iter())
+    else:
         try:
-            cmdline = proc.info["cmdline"] or []
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            candidates = psutil.Process(root).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+    found = []
+    for proc in candidates:
+        try:
+            cmdline = proc.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         if "routerpanel.router.simserver" in cmdline and marker in cmdline:
             found.append(proc)
@@ -136,10 +144,11 @@ def simserver_processes(marker: str) -> list[psutil.Process]:
 class LiveChildSampler:
     """Count this test's live children every few milliseconds, in a thread; keep the maximum."""
 
-    def __init__(self, marker: str, interval: float = 0.005) -> None:
+    def __init__(self, marker: str, root: int | None = None, interval: float = 0.005) -> None:
         import threading
 
         self.marker = marker
+        self.root = root
         self.interval = interval
         self.maximum = 0
         self.samples = 0
@@ -156,6 +165,6 @@ class LiveChildSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.maximum = max(self.maximum, len(simserver_processes(self.marker)))
+            self.maximum = max(self.maximum, len(simserver_processes(self.marker, self.root)))
             self.samples += 1
             self._stop.wait(self.interval)

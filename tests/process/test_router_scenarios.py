@@ -76,7 +76,7 @@ def serve(tmp_path: Path) -> Iterator[object]:
 def test_a_busy_model_is_not_evicted_and_the_queued_request_waits(serve: object) -> None:
     marker = serve.marker  # type: ignore[attr-defined]
     presets = sim_preset("a", marker, token_ms=100) + sim_preset("b", marker)
-    with serve(presets, 1) as server, LiveChildSampler(marker) as sampler:  # type: ignore[operator]
+    with serve(presets, 1) as server, LiveChildSampler(marker, server.process.pid) as sampler:  # type: ignore[operator]
         sse = SseLog(server.url).start()
         done: dict[str, float] = {}
 
@@ -103,7 +103,7 @@ def test_a_busy_model_is_not_evicted_and_the_queued_request_waits(serve: object)
 def test_three_waiters_for_one_model_share_one_eviction(serve: object) -> None:
     marker = serve.marker  # type: ignore[attr-defined]
     presets = sim_preset("a", marker) + sim_preset("b", marker, load_ms=500)
-    with serve(presets, 1) as server, LiveChildSampler(marker) as sampler:  # type: ignore[operator]
+    with serve(presets, 1) as server, LiveChildSampler(marker, server.process.pid) as sampler:  # type: ignore[operator]
         assert httpx.post(f"{server.url}/models/load", json={"model": "a"}).status_code == 200
         sse = SseLog(server.url).start()
         results: list[int] = []
@@ -154,7 +154,7 @@ def test_a_client_that_leaves_the_queue_costs_nobody_their_slot(serve: object) -
 def test_the_queue_is_fifo(serve: object) -> None:
     marker = serve.marker  # type: ignore[attr-defined]
     presets = "".join(sim_preset(n, marker, token_ms=60 if n == "a" else 0) for n in "abcd")
-    with serve(presets, 1) as server, LiveChildSampler(marker) as sampler:  # type: ignore[operator]
+    with serve(presets, 1) as server, LiveChildSampler(marker, server.process.pid) as sampler:  # type: ignore[operator]
         sse = SseLog(server.url).start()
         threads = [
             threading.Thread(
@@ -176,7 +176,7 @@ def test_the_queue_is_fifo(serve: object) -> None:
 def test_two_waiters_that_find_the_same_idle_victims_are_both_served(serve: object) -> None:
     marker = serve.marker  # type: ignore[attr-defined]
     presets = "".join(sim_preset(n, marker) for n in "abcd")
-    with serve(presets, 2) as server, LiveChildSampler(marker) as sampler:  # type: ignore[operator]
+    with serve(presets, 2) as server, LiveChildSampler(marker, server.process.pid) as sampler:  # type: ignore[operator]
         for name in "ab":
             assert (
                 httpx.post(f"{server.url}/v1/chat/completions", json=chat(name)).status_code == 200

@@ -10,11 +10,7 @@ import asyncio
 import os
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.tiers import missing
 
@@ -23,23 +19,6 @@ PG_ADMIN_URL = os.environ.get(
     "ROUTERPANEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
 REDIS_URL = os.environ.get("ROUTERPANEL_TEST_REDIS", "redis://127.0.0.1:6379/15")
-
-
-@pytest.fixture
-def pg_database() -> Iterator[str]:
-    psycopg = pytest.importorskip("psycopg")
-    name = f"rp_test_{uuid.uuid4().hex[:10]}"
-    try:
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        missing(f"PostgreSQL is not reachable at {PG_ADMIN_URL}: {exc}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def manage(database_url: str, data_dir: Path, *args: str, stdin: str | None = None) -> str:

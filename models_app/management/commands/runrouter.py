@@ -132,7 +132,9 @@ class Command(BaseCommand):
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         overrides = specs.Overrides(
-            models_max=options["models_max"], server_bin=options["server_bin"]
+            models_max=options["models_max"],
+            server_bin=options["server_bin"],
+            lease_ttl=options["lease_ttl"],
         )
         host = RouterHost(
             get_channel_layer(),

@@ -156,7 +156,9 @@ class EmbeddedRouter:
         self.command = command
         self.failed = False
         overrides = specs.Overrides(
-            models_max=options["models_max"], server_bin=options["server_bin"]
+            models_max=options["models_max"],
+            server_bin=options["server_bin"],
+            lease_ttl=options["lease_ttl"],
         )
         self.host = RouterHost(
             get_channel_layer(),
