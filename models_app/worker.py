@@ -21,9 +21,9 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.consumer import AsyncConsumer
 from channels.layers import BaseChannelLayer
-from routerpanel.router.engine import Engine, EngineEvent, RouterError
 
 from models_app import bridge, specs
+from routerpanel.router.engine import Engine, EngineEvent, RouterError
 
 log = logging.getLogger(__name__)
 
