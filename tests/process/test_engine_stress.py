@@ -59,7 +59,11 @@ def presets() -> list[PresetSpec]:
 
 
 class LiveCounter(threading.Thread):
-    """Count this process's live simserver children every 5 ms; zombies are not live."""
+    """Count this test's live simserver children every 5 ms; zombies are not live.
+
+    Only children carrying this run's TOKEN count: a process another test left behind in this
+    pytest process must not be blamed on the engine (nor hide behind it).
+    """
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -72,7 +76,8 @@ class LiveCounter(threading.Thread):
             live = 0
             for child in me.children(recursive=True):
                 try:
-                    live += any(SIMSERVER in part for part in child.cmdline())
+                    cmdline = child.cmdline()
+                    live += SIMSERVER in cmdline and any(TOKEN in part for part in cmdline)
                 except psutil.Error:  # gone, or a zombie: its slot is free
                     continue
             self.max = max(self.max, live)
