@@ -264,3 +264,24 @@ class RouterConsumer(AsyncConsumer):
         else:
             out = dict(bridge.result(message.get("request_id", ""), {"error": dict(error)}, 503))
         await self.channel_layer.send(reply, out)
+
+
+async def run_worker(layer: BaseChannelLayer) -> None:
+    """Consume channel ``router`` until cancelled (DESIGN §2).
+
+    A channel-layer error (Redis restarted, a dropped connection) must not end the router and
+    orphan the queue: the listener is started again after a short pause, and the engine with
+    its children keeps running meanwhile.
+    """
+    from channels.routing import ChannelNameRouter
+    from channels.worker import Worker
+
+    app = ChannelNameRouter({bridge.ROUTER_CHANNEL: RouterConsumer.as_asgi()})
+    while True:
+        try:
+            await Worker(app, [bridge.ROUTER_CHANNEL], layer).arun()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("the router's channel listener failed; starting it again in 1 s")
+            await asyncio.sleep(1)

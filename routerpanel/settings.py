@@ -89,7 +89,14 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 30},
+            "CONFIG": {
+                # redis-py 8 times reads out after 5 s by default, exactly channels_redis's
+                # blocking-pop timeout: an idle router would die of "Timeout reading". Give the
+                # socket room above the 5 s pop.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+                "capacity": 1000,
+                "expiry": 30,
+            },
         }
     }
 else:

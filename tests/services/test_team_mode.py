@@ -89,7 +89,7 @@ def test_a_dead_web_process_does_not_pin_its_model_forever(
 ) -> None:
     marker = f"lease-{tmp_path.name}"
     presets = sim_preset("a", marker, token_ms=200) + sim_preset("b", marker)
-    with team(tmp_path, pg_database, redis_url, presets, 1, "--lease-ttl", "3") as (_, web):
+    with team(tmp_path, pg_database, redis_url, presets, 1, "--lease-ttl", "3") as (router, web):
         env = {"DATABASE_URL": pg_database, "REDIS_URL": redis_url}
         with run_manage(
             ["serve", "--no-router"], tmp_path / "doomed", env=env, port=free_port()
@@ -106,7 +106,9 @@ def test_a_dead_web_process_does_not_pin_its_model_forever(
         waited = time.monotonic() - started
         # Without lease expiry a's request would stay in flight forever and b would never get
         # the only slot: the 90 s timeout would fail this test.
-        assert response.status_code == 200
+        assert response.status_code == 200, (
+            f"{response.text} after {waited:.1f}s; router log:\n{router.output()[-3000:]}"
+        )
         assert waited < 30
         print(f"b was served {waited:.1f}s after the web process died (lease ttl 3s)")
 

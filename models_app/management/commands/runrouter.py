@@ -121,11 +121,8 @@ class Command(BaseCommand):
 
     async def _main(self, options: dict[str, Any], lock: RouterLock) -> None:
         from channels.layers import get_channel_layer
-        from channels.routing import ChannelNameRouter
-        from channels.worker import Worker
 
-        from models_app.bridge import ROUTER_CHANNEL
-        from models_app.worker import RouterConsumer, RouterHost
+        from models_app.worker import RouterHost, run_worker
 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -146,8 +143,7 @@ class Command(BaseCommand):
             await host.start()
         except Exception as exc:
             raise CommandError(f"failed to start the router: {exc}") from None
-        app = ChannelNameRouter({ROUTER_CHANNEL: RouterConsumer.as_asgi()})
-        worker = asyncio.ensure_future(Worker(app, [ROUTER_CHANNEL], host.layer).arun())
+        worker = asyncio.ensure_future(run_worker(host.layer))
         self.stdout.write(f"router running (pid {os.getpid()}, host {lock.host})")
         self.stdout.flush()
         try:

@@ -173,11 +173,7 @@ class EmbeddedRouter:
         self._start_task = asyncio.ensure_future(self._start())
 
     async def _start(self) -> None:
-        from channels.routing import ChannelNameRouter
-        from channels.worker import Worker
-
-        from models_app.bridge import ROUTER_CHANNEL
-        from models_app.worker import RouterConsumer
+        from models_app.worker import run_worker
 
         try:
             await self.host.start()
@@ -188,9 +184,7 @@ class EmbeddedRouter:
 
             reactor.stop()  # type: ignore[attr-defined]
             return
-        app = ChannelNameRouter({ROUTER_CHANNEL: RouterConsumer.as_asgi()})
-        worker = Worker(app, [ROUTER_CHANNEL], self.host.layer)
-        self._worker_task = asyncio.ensure_future(worker.arun())
+        self._worker_task = asyncio.ensure_future(run_worker(self.host.layer))
 
     def stop(self) -> asyncio.Future[Any]:
         async def stop() -> None:
