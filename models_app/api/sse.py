@@ -48,6 +48,8 @@ class LlamaEvents:
     * any other ``model.state`` that changes llama.cpp's status, or a loading progress update:
       ``status_change {"status"[, "exit_code"][, "info"][, "progress"]}``; changes only llama.cpp
       cannot see (the stopping flag, failed → unloaded) send nothing;
+    * ``model.progress`` (a loading child's progress line): ``status_change {"status":
+      "loading", "progress": ...}``;
     * ``presets.reloaded``: ``{"model": "*", "event": "models_reload"}``.
 
     The exit code comes from the event, else from the ``model.exited`` event just before it.
@@ -63,6 +65,9 @@ class LlamaEvents:
             return [{"model": "*", "event": "models_reload"}]
         if kind == "model.exited" and isinstance(data.get("exit_code"), int):
             self._exit_codes[data["model"]] = data["exit_code"]
+        if kind == "model.progress":
+            progress = {"status": "loading", "progress": data.get("progress")}
+            return [{"model": data.get("model"), "event": "status_change", "data": progress}]
         if kind != "model.state":
             return []
         change = self._change(data)

@@ -358,13 +358,18 @@ class Engine:
     def _on_state(self, ev: supervisor.ChildState) -> None:
         if ev.state in ("loading", "downloading"):
             self._facts.child(ev.name).progress = ev.payload
+            if ev.payload:  # llama.cpp streams these as status_change{loading, progress} (§10.5)
+                self._emit("model.progress", {"model": ev.name, "progress": ev.payload})
         if ev.state != "downloading":
             self._apply(self._scheduler.child_state(ev.name, ev.state, now=self._clock()))
 
     def _on_ready(self, ev: supervisor.ChildReady) -> None:
         self._facts.ready(ev)
         out = self._scheduler.child_ready(ev.name, now=self._clock())
-        self._apply(out, note=(ev.name, {"load_seconds": ev.load_seconds}))
+        note: dict[str, Any] = {"load_seconds": ev.load_seconds}
+        if ev.info:  # the child's /v1/models object, sent with its first ready (ROUTER_SPEC 4.9)
+            note["info"] = ev.info
+        self._apply(out, note=(ev.name, note))
 
     def _on_stuck(self, ev: supervisor.ChildStuck) -> None:
         data = {"model": ev.name, "pid": ev.pid, "seconds_since_kill": ev.seconds_since_kill}

@@ -202,3 +202,19 @@ def test_two_waiters_that_find_the_same_idle_victims_are_both_served(serve: obje
         listed = httpx.get(f"{server.url}/v1/models").json()["data"]
         running = sorted(m["id"] for m in listed if m["status"]["value"] == "loaded")
         assert running == ["c", "d"]
+
+
+def test_sse_shows_loading_progress_and_the_childs_info_as_llama_cpp_does(serve: object) -> None:
+    marker = serve.marker  # type: ignore[attr-defined]
+    with serve(sim_preset("a", marker, load_ms=600), 1) as server:  # type: ignore[operator]
+        sse = SseLog(server.url).start()
+        assert httpx.post(f"{server.url}/models/load", json={"model": "a"}).status_code == 200
+        wait = time.monotonic() + 30
+        while "a" not in sse.statuses("loaded") and time.monotonic() < wait:
+            time.sleep(0.05)
+    events = [(event, data) for model, event, data in sse.events if model == "a"]
+    assert events[0] == ("model_status", {"status": "loading"})
+    progress = [d["progress"] for e, d in events if e == "status_change" and "progress" in d]
+    assert progress and progress[0]["value"] == 0.0 and progress[-1]["value"] == 1.0
+    loaded = [d for e, d in events if d.get("status") == "loaded"]
+    assert loaded[0]["info"]["id"] == "a"
