@@ -110,8 +110,17 @@ async def first_byte(http: httpx.AsyncClient, port: int) -> None:
             return
 
 
-async def run(args: argparse.Namespace) -> None:
-    flags = ("--sim-load-ms", str(args.load_ms), "--sim-rss-mb", str(args.rss_mb))
+FIGURES = {
+    "overhead": "(a) victim exit observed -> replacement spawn()",
+    "ttfb": "(b) swap request first byte - child load time",
+    "stop": "    victim stop: stop() -> exit observed",
+    "exec": "    spawn() -> process created (fork/exec)",
+}
+
+
+async def measure(swaps: int, load_ms: int, rss_mb: int) -> dict[str, list[float]]:
+    """Run ``swaps`` forced swaps; return seconds per figure (keys of FIGURES)."""
+    flags = ("--sim-load-ms", str(load_ms), "--sim-rss-mb", str(rss_mb))
     specs = [
         PresetSpec(name=n, argv=(sys.executable, "-m", "routerpanel.router.simserver",
                                  "-m", f"{n}.gguf", *flags))
@@ -129,7 +138,7 @@ async def run(args: argparse.Namespace) -> None:
     ttfb: list[float] = []
     try:
         async with httpx.AsyncClient(timeout=30) as http:
-            for i in range(args.swaps + 2):  # the first two only fill the slots
+            for i in range(swaps + 2):  # the first two only fill the slots
                 running = {m["name"] for m in engine.snapshot()["models"] if m["pid"]}
                 target = next(n for n in MODELS if n not in running)
                 started = time.monotonic()
@@ -141,11 +150,19 @@ async def run(args: argparse.Namespace) -> None:
                     ttfb.append(elapsed - sup.load_seconds[target])
     finally:
         await engine.shutdown()
+    return {
+        "overhead": sup.overheads[-swaps:],
+        "ttfb": ttfb,
+        "stop": sup.stop_times[-swaps:],
+        "exec": sup.exec_times[-swaps:],
+    }
+
+
+async def run(args: argparse.Namespace) -> None:
+    results = await measure(args.swaps, args.load_ms, args.rss_mb)
     print(f"{args.swaps} forced swaps, models_max=2, --sim-load-ms {args.load_ms}")
-    print(summary("(a) victim exit observed -> replacement spawn()", sup.overheads[-args.swaps :]))
-    print(summary("(b) swap request first byte - child load time", ttfb))
-    print(summary("    victim stop: stop() -> exit observed", sup.stop_times[-args.swaps :]))
-    print(summary("    spawn() -> process created (fork/exec)", sup.exec_times[-args.swaps :]))
+    for key, label in FIGURES.items():
+        print(summary(label, results[key]))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -63,8 +63,12 @@ class LlamaEvents:
         data = event.get("data") or {}
         if kind == "presets.reloaded":
             return [{"model": "*", "event": "models_reload"}]
-        if kind == "model.exited" and isinstance(data.get("exit_code"), int):
-            self._exit_codes[data["model"]] = data["exit_code"]
+        if kind == "model.exited":
+            code = data.get("exit_code")
+            if not isinstance(code, int) and data.get("signal"):
+                code = 1  # llama.cpp reports any signal death, a force kill too, as 1 (§3.5)
+            if isinstance(code, int):
+                self._exit_codes[data["model"]] = code
         if kind == "model.progress":
             progress = {"status": "loading", "progress": data.get("progress")}
             return [{"model": data.get("model"), "event": "status_change", "data": progress}]

@@ -580,6 +580,8 @@ class Supervisor:
         if not isinstance(message, dict):
             message = {}
         name, payload = message.get("state"), message.get("payload", {})
+        if payload is None:  # b11434 sends "payload":null with sleeping and with a wake's ready
+            payload = {}
         state = _STATE_NAMES.get(name) if isinstance(name, str) else None
         if state is None or not isinstance(payload, dict):
             self._note(child.name, child, f"ignored malformed state line: {raw[:200]}")
