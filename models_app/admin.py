@@ -1,4 +1,10 @@
-"""Django admin for presets and the router settings (issue 5 adds the panel's own editor)."""
+"""Django admin for presets, the router settings, API keys and the audit log.
+
+Changes to presets and settings made here are audited with a field-level diff; the audit log
+itself is read-only for everyone, superusers included (STYLE 12). Scheduled preloads are
+django-celery-beat's periodic tasks (task ``models_app.tasks.preload_model``, args
+``["<model>"]``), edited in its own admin section.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from models_app.models import ApiKey, Preset, RouterSettings
+from models_app import audit
+from models_app.models import ApiKey, AuditEvent, Preset, RouterSettings
 
 
 @admin.register(Preset)
@@ -30,8 +37,19 @@ class PresetAdmin(admin.ModelAdmin):
     )
 
     def save_model(self, request: HttpRequest, obj: Preset, form: Any, change: bool) -> None:
+        before = audit.preset_state(Preset.objects.filter(pk=obj.pk).first() if change else None)
         obj.updated_by = request.user  # type: ignore[assignment]
         super().save_model(request, obj, form, change)
+        audit.record_preset_change(before, obj, audit.actor_of(request.user))
+
+    def delete_model(self, request: HttpRequest, obj: Preset) -> None:
+        before = audit.preset_state(obj)
+        super().delete_model(request, obj)
+        audit.record_preset_change(before, None, audit.actor_of(request.user))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Preset]) -> None:
+        for obj in queryset:  # one audit row per preset, as a one-by-one delete would write
+            self.delete_model(request, obj)
 
 
 @admin.register(RouterSettings)
@@ -47,8 +65,11 @@ class RouterSettingsAdmin(admin.ModelAdmin):
     def save_model(
         self, request: HttpRequest, obj: RouterSettings, form: Any, change: bool
     ) -> None:
+        stored = RouterSettings.objects.filter(pk=1).first()
+        before = audit.settings_state(stored) if stored is not None else {}
         obj.updated_by = request.user  # type: ignore[assignment]
         super().save_model(request, obj, form, change)
+        audit.record_settings_change(before, obj, audit.actor_of(request.user))
 
 
 @admin.register(ApiKey)
@@ -83,3 +104,27 @@ class ApiKeyAdmin(admin.ModelAdmin):
         for key in keys:
             key.revoke()  # one save each, so that every web process's key cache hears of it
         self.message_user(request, f"Revoked {len(keys)} key(s).", messages.SUCCESS)
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    """The audit log, read-only: no add, change or delete for anyone (retention deletes)."""
+
+    list_display = (
+        "time", "kind", "model", "actor", "reason", "trigger_model", "queue_depth",
+        "stop_seconds", "force_killed",
+    )  # fmt: skip
+    list_filter = ("kind", "force_killed", ("time", admin.DateFieldListFilter), "actor", "model")
+    search_fields = ("model", "actor", "reason", "trigger_model", "trigger_request")
+    date_hierarchy = "time"
+    list_per_page = 100
+    show_full_result_count = False  # the table grows: no COUNT(*) per page
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -9,5 +9,11 @@ class ModelsAppConfig(AppConfig):
     def ready(self) -> None:
         # The Celery app is imported here, not from routerpanel/__init__.py, so that importing
         # the engine package stays light (DESIGN §3).
+        from django.db.models.signals import post_migrate
+
         from models_app import checks  # noqa: F401  (registers the system checks)
+        from models_app.roles import ensure_groups
+
+        # The panel's role groups exist after every migrate, without a data migration.
+        post_migrate.connect(ensure_groups, sender=self, dispatch_uid="models_app.roles")
         from routerpanel import celery  # noqa: F401

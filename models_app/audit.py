@@ -7,9 +7,11 @@ module covers what the web side changes. Every function appends rows through
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.forms.models import model_to_dict
+from django.utils import timezone
 
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
 
@@ -20,6 +22,7 @@ PRESET_FIELDS = (
 SETTINGS_FIELDS = (
     "models_max", "memory_budget", "memory_headroom", "settle_timeout", "max_waiters", "max_wait",
     "default_stop_timeout", "quarantine_after", "server_binary", "require_api_key", "global_args",
+    "audit_retention_days",
 )  # fmt: skip
 
 
@@ -78,3 +81,33 @@ def actor_of(user: Any) -> str:
     if user is None or not getattr(user, "is_authenticated", False):
         return "anonymous"
     return f"user:{user.get_username()}"
+
+
+def purge_expired(now: Any = None) -> int:
+    """Delete audit rows older than the retention setting; none while it is empty (forever).
+
+    The only deletion path: ``purge_older_than`` records a ``retention`` row saying how many
+    rows went.
+    """
+    days = RouterSettings.load().audit_retention_days
+    if not days:
+        return 0
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    return AuditEvent.objects.purge_older_than(cutoff)
+
+
+def record_auth_failures(count: int, details: dict[str, Any]) -> AuditEvent:
+    """Audit failed API logins: one row for ``count`` failures (rate-limited by the caller)."""
+    clients = details.get("clients") or {}
+    where = ", ".join(list(clients)[:3]) or "unknown client"
+    reason = (
+        "1 request with a missing or invalid API key"
+        if count == 1
+        else (f"{count} requests with a missing or invalid API key")
+    )
+    return AuditEvent.objects.record(
+        AuditKind.AUTH_FAILED,
+        actor="anonymous",
+        reason=f"{reason} (from {where})"[:500],
+        details={"count": count} | details,
+    )

@@ -19,7 +19,7 @@ Messages (web → router, channel ``router``)::
     router.cancel   {request_id}
     router.load     {request_id, model, reply_channel, actor}
     router.unload   {request_id, model, reply_channel, actor}
-    router.reload   {request_id, reply_channel, actor}
+    router.reload   {request_id, reply_channel, actor, sources}  (sources: re-read INI/dir)
     router.snapshot {request_id, reply_channel}
     router.settings {request_id, reply_channel, actor}
 
@@ -83,6 +83,8 @@ class CallMessage(TypedDict, total=False):
     reply_channel: str
     model: str
     actor: str
+    sources: bool  # router.reload: re-import --models-preset / --models-dir first
+    what: str  # router.snapshot: "snapshot" (default), "memory", "logs" or "metrics"
 
 
 class QueuedMessage(TypedDict):

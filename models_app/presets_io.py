@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from models_app import audit
 from models_app.models import Preset, RouterSettings
 from routerpanel.router import ini, presets
 
@@ -56,17 +57,20 @@ def import_presets(
     replace: bool = False,
     dry_run: bool = False,
     user: object | None = None,
+    actor: str | None = None,
 ) -> ImportReport:
     """Apply a preset file; raise ``ini.IniError`` (naming the line) and change nothing on error.
 
     ``replace`` deletes presets the file does not name. The ``[*]`` section replaces the stored
-    global options when the file has one (and clears them under ``replace``).
+    global options when the file has one (and clears them under ``replace``). Every change is
+    audited in the same transaction as ``actor`` (default: the user, else ``cli``).
     """
     parsed = presets.parse_presets(text, source)
     report = ImportReport(warnings=[str(w) for w in parsed.warnings], dry_run=dry_run)
+    actor = actor or (audit.actor_of(user) if user is not None else "cli")
     try:
         with transaction.atomic():
-            _apply(parsed, report, replace=replace, user=user, source=source)
+            _apply(parsed, report, replace=replace, user=user, source=source, actor=actor)
             if dry_run:
                 raise _DryRun
     except _DryRun:
@@ -81,6 +85,7 @@ def _apply(
     replace: bool,
     user: object | None,
     source: str,
+    actor: str,
 ) -> None:
     existing = {p.name: p for p in Preset.objects.select_for_update()}
     for definition in parsed.presets:
@@ -88,6 +93,7 @@ def _apply(
         if row is not None and row.to_def() == definition:
             report.unchanged.append(definition.name)
             continue
+        before = audit.preset_state(row)
         if row is None:
             row = Preset()
             report.created.append(definition.name)
@@ -98,20 +104,24 @@ def _apply(
             row.updated_by = user
         _full_clean(row, source, parsed.lines.get(definition.name, 0))
         row.save()
+        audit.record_preset_change(before, row, actor)
     if replace:
         named = {d.name for d in parsed.presets}
         for name, row in existing.items():
             if name not in named:
+                before = audit.preset_state(row)
                 row.delete()
+                audit.record_preset_change(before, None, actor)
                 report.deleted.append(name)
     _check_stored_aliases(source)
     settings_row = RouterSettings.load()
     if parsed.global_def is not None or replace:
-        before = settings_row.global_args
+        before_settings = audit.settings_state(settings_row)
         settings_row.set_global_def(parsed.global_def)
-        if settings_row.global_args != before:
+        if settings_row.global_args != before_settings["global_args"]:
             report.global_changed = True
             settings_row.save()
+            audit.record_settings_change(before_settings, settings_row, actor)
 
 
 def _full_clean(row: Preset, source: str, line: int) -> None:

@@ -23,7 +23,9 @@ from channels.consumer import AsyncConsumer
 from channels.layers import BaseChannelLayer
 
 from models_app import bridge, specs
-from routerpanel.router.engine import Engine, EngineEvent, RouterError
+from models_app.audit_writer import AuditWriter
+from models_app.metrics import RouterMetrics
+from routerpanel.router.engine import Engine, EngineEvent, RouterError, Subscription
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,7 @@ class RouterHost:
         self.engine: Engine | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._acquires: dict[str, asyncio.Task[Any]] = {}
-        self._pump: asyncio.Task[None] | None = None
+        self._readers: list[asyncio.Task[None]] = []
         self._listeners: list[Callable[[EngineEvent], None]] = []
 
     def add_listener(self, listener: Callable[[EngineEvent], None]) -> None:
@@ -63,35 +65,59 @@ class RouterHost:
         self._listeners.append(listener)
 
     async def start(self) -> None:
-        """Build the engine from the database, start it and publish its events."""
+        """Build the engine from the database, start it and publish its events.
+
+        Both readers subscribe before the engine starts, so even ``router.started`` reaches
+        them: the listeners (audit writer, metrics) on a deep subscription of their own, the
+        channel-layer publisher on another, so a slow layer can never cost an audit row.
+        """
         global _host
         config, presets = await sync_to_async(specs.load_specs)(self.overrides)
         self.engine = Engine(config, presets, state_file=self.state_file)
-        self._pump = asyncio.create_task(self._publish_events(self.engine))
+        # Issue 5: the audit log and the metrics are listeners; the writer stores rows from a
+        # thread and is closed (rows still waiting are written) when its task ends.
+        self.audit = AuditWriter.for_engine(self.engine).start()
+        self.metrics = RouterMetrics()
+        self.add_listener(self.audit)
+        self.add_listener(self.metrics.observe)
+        self._writer = self._spawn(self.audit.run_until_cancelled())
+        self._readers = [
+            asyncio.create_task(self._feed_listeners(self.engine.subscribe(maxsize=100_000))),
+            asyncio.create_task(self._publish_events(self.engine.subscribe())),
+        ]
         leftovers = await self.engine.start()
         for leftover in leftovers:
             log.warning("killed a leftover child from an earlier router: %s", leftover)
         _host = self
 
     async def stop(self) -> None:
-        """Stop every child within its stop-timeout, then the event pump."""
+        """Stop every child within its stop-timeout; let the readers drain; then stop."""
         global _host
         if self.engine is not None:
-            await self.engine.shutdown()
-        for task in list(self._tasks):
+            await self.engine.shutdown()  # ends the subscriptions after their last events
+        if self._readers:
+            await asyncio.wait(self._readers, timeout=10)
+        pending = [*self._readers, *self._tasks]
+        for task in pending:
             task.cancel()
-        if self._pump is not None:
-            self._pump.cancel()
+        # The audit writer's task writes what is still waiting when cancelled: let it finish.
+        await asyncio.gather(*pending, return_exceptions=True)
         if _host is self:
             _host = None
 
-    async def _publish_events(self, engine: Engine) -> None:
-        async for event in engine.subscribe():
+    async def _feed_listeners(self, events: Subscription) -> None:
+        async for event in events:
+            if events.dropped:
+                log.error("listeners missed %d router events", events.dropped)
+                events.dropped = 0
             for listener in self._listeners:
                 try:
                     listener(event)
                 except Exception:
                     log.exception("event listener failed on event %s", event.seq)
+
+    async def _publish_events(self, events: Subscription) -> None:
+        async for event in events:
             payload = {"seq": event.seq, "type": event.type, "time": event.time, "data": event.data}
             try:
                 await self.layer.group_send(bridge.EVENTS_GROUP, bridge.event(payload))
@@ -188,7 +214,7 @@ class RouterHost:
         self._call(message, self._reload)
 
     async def _reload(self, message: dict[str, Any]) -> dict[str, Any]:
-        if self.before_reload is not None:
+        if self.before_reload is not None and message.get("sources"):
             await self.before_reload()
         _, presets = await sync_to_async(specs.load_specs)(self.overrides)
         return await self._engine.reload(presets, actor=message.get("actor", ""))
@@ -200,6 +226,8 @@ class RouterHost:
         what = message.get("what", "snapshot")
         if what == "memory":
             return {"memory": self._engine.memory_history()}
+        if what == "metrics":
+            return {"metrics": self.metrics.families(self._engine.snapshot())}
         if what == "logs":
             return {"logs": self._engine.logs(message["model"])}
         return self._engine.snapshot()

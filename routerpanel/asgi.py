@@ -9,11 +9,23 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
 
-from channels.routing import ProtocolTypeRouter
+from channels.auth import AuthMiddlewareStack
+from channels.routing import ProtocolTypeRouter, URLRouter
+from channels.security.websocket import AllowedHostsOriginValidator
 from django.core.asgi import get_asgi_application
 
 django_asgi_app = get_asgi_application()
 
-from models_app.api import build_http_app  # noqa: E402  (needs the apps loaded)
+from django.urls import path  # noqa: E402
 
-application = ProtocolTypeRouter({"http": build_http_app(django_asgi_app)})
+from models_app.api import build_http_app  # noqa: E402  (needs the apps loaded)
+from models_app.consumers import DashboardConsumer  # noqa: E402
+
+# The panel's one WebSocket: the session's user (AuthMiddlewareStack), from our own origin only.
+websocket_app = AllowedHostsOriginValidator(
+    AuthMiddlewareStack(URLRouter([path("ws/dashboard/", DashboardConsumer.as_asgi())]))
+)
+
+application = ProtocolTypeRouter(
+    {"http": build_http_app(django_asgi_app), "websocket": websocket_app}
+)

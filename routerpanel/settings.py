@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 
 from routerpanel.env import envbool, envint, envlist, envpath, envstr, secret_key_from
 
@@ -34,6 +35,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "django_celery_beat",  # scheduled preloads and the periodic jobs, edited in the admin
     "models_app",
 ]
 
@@ -62,6 +64,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "models_app.views.common.panel",
             ],
         },
     },
@@ -107,13 +110,25 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TIMEZONE = envstr("TIME_ZONE", "UTC")
+# The periodic jobs (models_app.tasks). `celery beat` with django-celery-beat's DatabaseScheduler
+# copies them into its tables, where admins also add scheduled preloads.
+CELERY_BEAT_SCHEDULE = {
+    "audit-retention": {
+        "task": "models_app.tasks.retention_task",
+        "schedule": crontab(hour=3, minute=30),
+    },
+    "memory-rollup": {"task": "models_app.tasks.memory_rollup_task", "schedule": 60.0},
+}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+# The panel's own sign-in page; after signing in (or out) people land on the dashboard.
+LOGIN_URL = "panel:login"
+LOGIN_REDIRECT_URL = "panel:dashboard"
+LOGOUT_REDIRECT_URL = "panel:login"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = envstr("TIME_ZONE", "UTC")

@@ -1,10 +1,9 @@
-"""URL wiring only; the views live in models_app."""
+"""URL wiring only: the panel's pages live in models_app.urls, the Django admin under /admin/."""
 
 from django.contrib import admin
-from django.urls import path
-from django.views.generic import RedirectView
+from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    path("", include("models_app.urls")),
 ]

@@ -18,6 +18,7 @@ path                           methods         handler
 /models                        POST, DELETE    routes.downloads_unsupported (501)
 /models/load, /models/unload   POST            routes.load, routes.unload
 /models/sse                    GET             sse.stream_events
+/metrics                       GET             routes.metrics (Prometheus; ``?model=`` → proxy)
 /tools, /cors-proxy            GET, POST       routes.feature_disabled (403)
 proxy.POST_PATHS, /slots/<id>  POST            proxy.proxy_post (model from the JSON body)
 proxy.GET_PATHS                GET             proxy.proxy_get (model from ``?model=``)
@@ -81,6 +82,7 @@ def route_table() -> dict[str, dict[str, Route]]:
     add(("/models/unload",), ("POST",), Route(routes.unload))
     add(("/models/sse",), ("GET",), Route(sse.stream_events))
     add(("/tools", "/cors-proxy"), ("GET", "POST"), Route(routes.feature_disabled))
+    add(("/metrics",), ("GET",), Route(routes.metrics))  # ?model= still proxies (§8.2)
     return table
 
 
@@ -97,10 +99,12 @@ class Api:
         router: RouterClient | None = None,
         keys: auth.KeyStore | None = None,
         config: ApiConfig | None = None,
+        login_failures: auth.LoginFailures | None = None,
     ) -> None:
         self.django = django_app
         self.router = router or RouterClient()
         self.keys = keys or auth.DEFAULT
+        self.login_failures = login_failures  # None: 401s are not audited (tests)
         self.config = config or ApiConfig()
         self.upstreams = Upstreams(self.config)
         self.routes = route_table()
@@ -132,6 +136,8 @@ class Api:
                 request.actor = await self.keys.authenticate(request.headers)
             await route.handler(self, request)
         except auth.Unauthorized:
+            if self.login_failures is not None:
+                self.login_failures.note(request.scope, request.headers)
             await request.respond(401, UNAUTHORIZED)
         except ApiError as exc:
             await self._fail(request, exc.status, exc.body, exc.headers)
@@ -228,4 +234,5 @@ class _NotFoundRewriter:
 def build_http_app(django_app: AsgiApp, **kwargs: Any) -> Api:
     """Return the HTTP ASGI app: our routes raw, the rest through ``django_app``."""
     auth.connect_signals()
+    kwargs.setdefault("login_failures", auth.LoginFailures())
     return Api(django_app, **kwargs)

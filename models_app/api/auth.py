@@ -32,6 +32,7 @@ import hashlib
 import logging
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ class KeyTable:
 
     required: bool
     keys: Mapping[str, tuple[int, str]] = field(default_factory=dict)  # hash -> (id, actor)
+    operators: frozenset[str] = frozenset()  # actors whose owner may load and unload
 
 
 def load_from_database() -> KeyTable:
@@ -68,11 +70,30 @@ def load_from_database() -> KeyTable:
         required = (
             RouterSettings.objects.filter(pk=1).values_list("require_api_key", flat=True).first()
         )
-        rows = ApiKey.objects.active().values_list("id", "hash", "name", "owner__username")
-        keys = {digest: (pk, f"key:{owner}/{name}") for pk, digest, name, owner in rows}
-        return KeyTable(bool(required), keys)
+        rows = ApiKey.objects.active().values_list(
+            "id", "hash", "name", "owner__username", "owner__is_superuser"
+        )
+        keys = {digest: (pk, f"key:{owner}/{name}") for pk, digest, name, owner, _ in rows}
+        operators = _operators({(owner, admin) for _, _, _, owner, admin in rows})
+        operator_actors = frozenset(
+            f"key:{owner}/{name}" for _, _, name, owner, _ in rows if owner in operators
+        )
+        return KeyTable(bool(required), keys, operator_actors)
     finally:
         close_old_connections()
+
+
+def _operators(owners: set[tuple[str, bool]]) -> set[str]:
+    """Owners holding the operator role or more (roles live in the panel's groups)."""
+    from django.contrib.auth import get_user_model
+
+    names = {owner for owner, _ in owners}
+    granted = (
+        get_user_model()
+        .objects.filter(username__in=names, is_active=True, groups__name__in=("operator", "admin"))
+        .values_list("username", flat=True)
+    )
+    return set(granted) | {owner for owner, superuser in owners if superuser}
 
 
 def touch_in_database(key_id: int) -> None:
@@ -154,6 +175,13 @@ class KeyStore:
             raise Unauthorized
         return ANONYMOUS
 
+    def may_operate(self, actor: str) -> bool:
+        """Whether ``actor`` may load and unload models: static keys and an open router may;
+        a personal key only when its owner holds the operator role (or admin)."""
+        if actor == ANONYMOUS or actor.startswith("key:api-key-"):
+            return True
+        return self._table is not None and actor in self._table.operators
+
     # ---- the cache ------------------------------------------------------------------------------
 
     async def _current(self) -> KeyTable:
@@ -225,3 +253,98 @@ DEFAULT = KeyStore()
 def configure(keys: Iterable[str]) -> None:
     """Set the static keys of this process (``serve --api-key K[,K]`` / ``LLAMA_API_KEY``)."""
     DEFAULT.configure(keys)
+
+
+# ---- failed logins: audited off the request path, rate-limited ---------------------------------
+
+
+def record_in_database(count: int, details: dict[str, Any]) -> None:
+    from models_app.audit import record_auth_failures
+
+    close_old_connections()
+    try:
+        record_auth_failures(count, details)
+    finally:
+        close_old_connections()
+
+
+class LoginFailures:
+    """Audit 401s without letting a flood flood the audit table (DESIGN §6, issue 5).
+
+    The first failure after a quiet spell is written at once (one row); the ones that follow
+    within ``window`` seconds are counted and written as one row when the window ends, and so
+    on while failures keep coming — at most two rows per window, whatever the request rate.
+    Rows say how many, from which clients and paths, and which keys (a short hash, never the
+    key). Writes run in a thread; ``note`` never blocks the request.
+    """
+
+    MAX_DISTINCT = 20  # clients, paths or keys kept per row; the rest are counted as "other"
+
+    def __init__(
+        self,
+        writer: Callable[[int, dict[str, Any]], None] = record_in_database,
+        *,
+        window: float = 60.0,
+    ) -> None:
+        self._writer = writer
+        self.window = window
+        self._open = False
+        self._count = 0
+        self._clients: Counter[str] = Counter()
+        self._paths: Counter[str] = Counter()
+        self._keys: Counter[str] = Counter()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def note(self, scope: Mapping[str, Any], headers: Mapping[bytes, bytes]) -> None:
+        """Count one failed login of the request with ``scope`` and ``headers``."""
+        key = presented_key(headers)
+        client = (scope.get("client") or ("unknown",))[0]
+        path = scope.get("path", "")
+        self._count += 1
+        _add(self._clients, str(client), self.MAX_DISTINCT)
+        _add(self._paths, path, self.MAX_DISTINCT)
+        _add(self._keys, digest(key)[:12] if key else "none", self.MAX_DISTINCT)
+        if not self._open:  # quiet until now: say so at once, then aggregate
+            self._open = True
+            self._write()
+            asyncio.get_running_loop().call_later(self.window, self._window_ended)
+
+    def _window_ended(self) -> None:
+        if self._count == 0:
+            self._open = False
+            return
+        self._write()
+        asyncio.get_running_loop().call_later(self.window, self._window_ended)
+
+    def _write(self) -> None:
+        details = {
+            "window_seconds": self.window,
+            "clients": dict(self._clients.most_common()),
+            "paths": dict(self._paths.most_common()),
+            "keys": dict(self._keys.most_common()),
+        }
+        count, self._count = self._count, 0
+        self._clients, self._paths, self._keys = Counter(), Counter(), Counter()
+        write = sync_to_async(self._writer, thread_sensitive=False)
+        task = asyncio.ensure_future(self._guarded(write, count, details))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _guarded(write: Any, count: int, details: dict[str, Any]) -> None:
+        try:
+            await write(count, details)
+        except Exception:  # the database may be down: a lost 401 row must not break the API
+            log.warning("could not audit %d failed API logins", count, exc_info=True)
+
+    async def drain(self) -> None:
+        """Wait for the writes under way (tests)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _add(counter: Counter[str], value: str, limit: int) -> None:
+    if value in counter or len(counter) < limit:
+        counter[value] += 1
+    else:
+        counter["other"] += 1

@@ -12,6 +12,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from models_app import metrics as router_metrics
 from models_app import runtime
 from models_app.api import listing, proxy
 from models_app.api.errors import FEATURE_DISABLED, ApiError
@@ -53,7 +54,9 @@ async def props(api: Api, request: Request) -> None:
 async def list_models(api: Api, request: Request) -> None:
     """§9.8: ``GET /models`` and ``GET /v1/models``; ``?reload=<anything>`` re-reads presets."""
     if request.query("reload"):
-        await api.router.call("reload", actor=request.actor)  # a failure answers its error (500)
+        # sources=True: re-read --models-preset/--models-dir too, as llama.cpp re-reads its
+        # sources; the panel's reloads after an edit do not, so they never undo that edit.
+        await api.router.call("reload", actor=request.actor, sources=True)  # failure: 500
     snapshot = await api.router.call("snapshot")
     await request.respond_json(listing.render(snapshot.get("models") or (), time.time()))
 
@@ -63,6 +66,7 @@ async def load(api: Api, request: Request) -> None:
     model = await _model_of(api, request)
     if not model:
         raise ApiError(404, "model is not found")  # llama.cpp looks "" up: not found, 404
+    _check_operator(api, request)
     await request.respond_json(await api.router.call("load", model=model, actor=request.actor))
 
 
@@ -71,7 +75,14 @@ async def unload(api: Api, request: Request) -> None:
     model = await _model_of(api, request)
     if not model:
         raise ApiError(400, "model is not found")
+    _check_operator(api, request)
     await request.respond_json(await api.router.call("unload", model=model, actor=request.actor))
+
+
+def _check_operator(api: Api, request: Request) -> None:
+    """Loading and unloading are the operator's (DESIGN §5): a viewer's key may only use."""
+    if not api.keys.may_operate(request.actor):
+        raise ApiError(403, "this API key's owner may not load or unload models (operator role)")
 
 
 async def _model_of(api: Api, request: Request) -> str:
@@ -94,3 +105,13 @@ async def downloads_unsupported(api: Api, request: Request) -> None:
 async def feature_disabled(api: Api, request: Request) -> None:
     """``/tools`` and ``/cors-proxy`` (§9.19): disabled, in llama.cpp's words."""
     await request.respond(403, FEATURE_DISABLED)
+
+
+async def metrics(api: Api, request: Request) -> None:
+    """``GET /metrics``: the router's metrics in Prometheus text; ``?model=X`` is X's own (§8.2)."""
+    if request.query("model"):
+        await proxy.proxy_get(api, request)
+        return
+    answer = await api.router.call("snapshot", what="metrics")
+    body = router_metrics.render(answer.get("metrics") or [])
+    await request.respond(200, body, router_metrics.CONTENT_TYPE)

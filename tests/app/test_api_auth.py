@@ -224,3 +224,54 @@ class TestDatabaseKeys:
         await sync_to_async(key.revoke)()
         response = await db_client.get("/v1/models", headers=headers)
         assert (response.status, response.body) == (401, UNAUTHORIZED)
+
+
+@pytest.mark.django_db(transaction=True)
+class TestKeyRoles:
+    """Loading and unloading need the operator role, through the API too (issue 6 item 1)."""
+
+    @pytest.fixture
+    async def db_client(
+        self, router: FakeRouter, layer: InMemoryChannelLayer, simserver
+    ) -> AsyncIterator[AsgiClient]:
+        auth.connect_signals()
+        router.add("m", Grant(simserver.port), status="loaded")
+        app = Api(
+            django_stand_in,
+            router=RouterClient(layer, timeout=1.0),
+            keys=KeyStore(ttl=60),
+            config=ApiConfig(),
+        )
+        yield AsgiClient(app)
+        await app.aclose()
+
+    async def _key_of(self, username: str, role: str | None) -> str:
+        from models_app.roles import GROUPS, set_role
+
+        def make() -> str:
+            user = get_user_model().objects.create_user(username, password="pw-for-tests-only")
+            if role is not None:
+                set_role(user, GROUPS[role])
+            return ApiKey.objects.issue(user, "k")[1]
+
+        return await sync_to_async(make)()
+
+    async def test_a_viewers_key_may_use_models_but_not_load_or_unload_them(
+        self, db_client: AsgiClient
+    ) -> None:
+        secret = await self._key_of("vera", "viewer")
+        headers = {"authorization": f"Bearer {secret}"}
+        assert (await db_client.post("/tokenize", {"model": "m"}, headers=headers)).status == 200
+        for path in ("/models/load", "/models/unload"):
+            response = await db_client.post(path, {"model": "m"}, headers=headers)
+            assert response.status == 403
+            assert b"permission_error" in response.body and b"operator" in response.body
+
+    async def test_an_operators_key_may_load(
+        self, db_client: AsgiClient, router: FakeRouter
+    ) -> None:
+        secret = await self._key_of("otto", "operator")
+        headers = {"authorization": f"Bearer {secret}"}
+        response = await db_client.post("/models/unload", {"model": "m"}, headers=headers)
+        assert response.status != 403
+        assert (await router.wait_for("router.unload"))["actor"] == "key:otto/k"

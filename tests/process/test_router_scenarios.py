@@ -52,7 +52,12 @@ class SseLog:
             pass  # the server stopped at the end of the test
 
     def statuses(self, status: str) -> list[str]:
-        return [model for model, _, data in self.events if data.get("status") == status]
+        """Models in the order they reached ``status`` (progress updates are not a change)."""
+        return [
+            model
+            for model, _, data in self.events
+            if data.get("status") == status and "progress" not in data
+        ]
 
 
 @pytest.fixture
@@ -123,8 +128,8 @@ def test_three_waiters_for_one_model_share_one_eviction(serve: object) -> None:
             thread.join(60)
         assert results == [200, 200, 200]
         assert sampler.maximum <= 1
-    loads_of_b = [m for m, event, d in sse.events if m == "b" and d.get("status") == "loading"]
-    assert len(loads_of_b) == 1
+    spawns_of_b = [m for m, event, _ in sse.events if m == "b" and event == "model_status"]
+    assert len(spawns_of_b) == 1
     assert sse.statuses("unloaded").count("a") == 1
 
 

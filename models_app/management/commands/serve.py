@@ -114,7 +114,7 @@ class Command(BaseCommand):
             return False
         self.stdout.write(
             "No presets and no llama-server on PATH: adding three simulated demo models. "
-            "Add presets at /admin/ or pass --models-preset FILE."
+            "Add presets in the panel or pass --models-preset FILE."
         )
         return True
 
@@ -132,7 +132,9 @@ class Command(BaseCommand):
             reactor.addSystemEventTrigger(  # type: ignore[attr-defined]
                 "before", "shutdown", lambda: defer.Deferred.fromFuture(router.stop())
             )
-        self.stdout.write(f"RouterPanel on {host_url} (panel at {host_url}admin/)")
+        self.stdout.write(
+            f"RouterPanel on {host_url} (the panel; Django admin at {host_url}admin/)"
+        )
         Server(
             application=application,
             endpoints=build_endpoint_description_strings(
@@ -168,6 +170,7 @@ class EmbeddedRouter:
         )
         self._worker_task: asyncio.Future[Any] | None = None
         self._start_task: asyncio.Future[None] | None = None
+        self._beat_task: asyncio.Future[None] | None = None
 
     def start(self) -> None:
         self._start_task = asyncio.ensure_future(self._start())
@@ -185,11 +188,16 @@ class EmbeddedRouter:
             reactor.stop()  # type: ignore[attr-defined]
             return
         self._worker_task = asyncio.ensure_future(run_worker(self.host.layer))
+        # No celery beat runs in embedded mode: run the periodic jobs in this loop instead.
+        from models_app.embedded_beat import EmbeddedBeat
+
+        self._beat_task = asyncio.ensure_future(EmbeddedBeat().run())
 
     def stop(self) -> asyncio.Future[Any]:
         async def stop() -> None:
-            if self._worker_task is not None:
-                self._worker_task.cancel()
+            for task in (self._worker_task, self._beat_task):
+                if task is not None:
+                    task.cancel()
             await self.host.stop()
 
         return asyncio.ensure_future(stop())

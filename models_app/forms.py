@@ -1,0 +1,373 @@
+"""The panel's forms: presets (with key/value rows), router settings, INI import, audit filters,
+API keys and users. Validation lives in the models where it can (``Preset.clean``, field
+validators); these forms add what a form needs on top: sizes written as ``8G``, rows instead of
+JSON, and checks that span rows or presets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib.auth import get_user_model, password_validation
+from django.core.exceptions import ValidationError
+from django.forms import formset_factory
+
+from models_app.models import (
+    PAIR_RESERVED_KEYS,
+    AuditKind,
+    Preset,
+    RouterSettings,
+    validate_args,
+    validate_env,
+)
+from models_app.roles import Role
+from routerpanel.router import options, presets
+
+MAX_INI_BYTES = 1 << 20
+TRISTATE = (("", "not set (inherit)"), ("true", "yes"), ("false", "no"))
+
+
+class SizeField(forms.CharField):
+    """A byte size written as ``8G``, ``512M``, ``1.5GiB`` or a plain number of bytes."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("widget", forms.TextInput(attrs={"placeholder": "e.g. 8G or 512M"}))
+        super().__init__(**kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, int):
+            return presets.format_size(value)
+        return value
+
+    def to_python(self, value: Any) -> int | None:  # type: ignore[override]
+        text = super().to_python(value)
+        if not text:
+            return None
+        try:
+            return presets.parse_size(text)
+        except ValueError:
+            raise ValidationError(
+                "Write a size such as 8G, 512M or 1073741824 (bytes).", code="invalid"
+            ) from None
+
+
+class TriStateField(forms.TypedChoiceField):
+    """Yes / no / not set: a preset that does not set a key inherits ``[*]`` or the default."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(
+            choices=TRISTATE,
+            coerce=lambda v: v == "true",
+            empty_value=None,
+            required=False,
+            **kwargs,
+        )
+
+    def prepare_value(self, value: Any) -> Any:
+        return {True: "true", False: "false"}.get(value, "")
+
+
+# ---- key/value rows -------------------------------------------------------------------------
+
+
+class PairRowForm(forms.Form):
+    """One ``key = value`` row; a row with both blank is ignored."""
+
+    key = forms.CharField(required=False, max_length=200)
+    value = forms.CharField(required=False, max_length=4000)
+
+    check: Any = None  # set by the formset: validates one [key, value] pair
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        key, value = data.get("key", "").strip(), data.get("value", "").strip()
+        data["key"], data["value"] = key, value
+        if not key and value:
+            self.add_error("key", "Give this value a name.")
+        elif key and self.check is not None:
+            try:
+                self.check([[key, value]])
+            except ValidationError as exc:
+                self.add_error("key", exc)
+        return data
+
+
+class BasePairFormSet(forms.BaseFormSet):
+    check: Any = None
+
+    def _construct_form(self, i: int, **kwargs: Any) -> forms.Form:
+        form = super()._construct_form(i, **kwargs)
+        form.check = self.check  # type: ignore[attr-defined]
+        return form
+
+    def clean(self) -> None:
+        seen: set[str] = set()
+        for form in self.forms:
+            key = getattr(form, "cleaned_data", {}).get("key")
+            if key and key in seen:
+                form.add_error("key", f"{key} is given twice.")
+            seen.add(key)
+
+    def pairs(self) -> list[list[str]]:
+        return [
+            [f.cleaned_data["key"], f.cleaned_data["value"]]
+            for f in self.forms
+            if f.cleaned_data.get("key")
+        ]
+
+
+PairFormSet = formset_factory(PairRowForm, formset=BasePairFormSet, extra=2)
+
+
+def pair_formset(
+    prefix: str, pairs: list[list[str]], data: Any = None, *, passthrough: bool = False
+) -> BasePairFormSet:
+    formset = PairFormSet(
+        data=data, prefix=prefix, initial=[{"key": k, "value": v} for k, v in pairs]
+    )
+    if prefix == "args":
+        formset.check = lambda pair: validate_args(pair, passthrough=passthrough)
+    else:
+        formset.check = validate_env
+    return formset
+
+
+def option_names() -> list[str]:
+    """Every llama-server option name the args rows accept, for the browser's suggestions."""
+    names = {opt.key for opt in options.all_options() if opt.key not in ("model", "alias")}
+    return sorted(names - PAIR_RESERVED_KEYS)
+
+
+# ---- presets ----------------------------------------------------------------------------------
+
+
+class PresetForm(forms.ModelForm):
+    """A preset's own fields; its options and environment come from two row formsets."""
+
+    aliases_text = forms.CharField(
+        label="Aliases",
+        required=False,
+        help_text="Other names clients may use, separated by commas.",
+    )
+    memory = SizeField(
+        label="Memory estimate",
+        help_text="What this model needs, if you know better than the GGUF estimate (8G, 512M).",
+    )
+    load_on_startup = TriStateField(label="Load on startup")
+    pinned = TriStateField(help_text="A pinned model is never evicted to make room.")
+
+    class Meta:
+        model = Preset
+        fields = (
+            "name", "model_path", "enabled", "stop_timeout", "load_on_startup", "pinned", "ttl",
+            "load_timeout", "server_bin",
+        )  # fmt: skip
+        widgets = {"name": forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"})}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk or self.initial.get("aliases"):
+            aliases = self.initial.get("aliases", self.instance.aliases)
+            self.fields["aliases_text"].initial = ", ".join(aliases)
+        self.fields["memory"].initial = self.initial.get(
+            "memory_estimate", self.instance.memory_estimate
+        )
+        self.pair_errors: dict[str, list[str]] = {}
+
+    def clean_aliases_text(self) -> list[str]:
+        text = self.cleaned_data.get("aliases_text", "")
+        return list(presets.split_list(text))
+
+    def _post_clean(self) -> None:
+        self.instance.aliases = self.cleaned_data.get("aliases_text", self.instance.aliases)
+        self.instance.memory_estimate = self.cleaned_data.get("memory")
+        super()._post_clean()
+
+    def _update_errors(self, errors: ValidationError) -> None:
+        """Model errors on ``args``/``env``/``aliases`` belong to their rows or text field."""
+        if hasattr(errors, "error_dict"):
+            for field in ("args", "env"):
+                for error in errors.error_dict.pop(field, []):
+                    self.pair_errors.setdefault(field, []).extend(error.messages)
+            if "aliases" in errors.error_dict:
+                errors.error_dict["aliases_text"] = errors.error_dict.pop("aliases")
+            if not errors.error_dict:
+                return
+        super()._update_errors(errors)
+
+
+# ---- router settings --------------------------------------------------------------------------
+
+
+class SettingsForm(forms.ModelForm):
+    memory_budget = SizeField(
+        help_text="What the running models may use together (8G, 96G). Empty: no budget, "
+        "only the model count limits."
+    )
+    memory_headroom = SizeField(
+        help_text="Kept free beyond a model's estimate before it starts (memory mode)."
+    )
+
+    class Meta:
+        model = RouterSettings
+        fields = (
+            "models_max", "memory_budget", "memory_headroom", "settle_timeout", "max_waiters",
+            "max_wait", "default_stop_timeout", "quarantine_after", "server_binary",
+            "require_api_key", "audit_retention_days",
+        )  # fmt: skip
+        labels = {"require_api_key": "Require an API key for the router API"}
+
+    MAX_SETTLE = 600
+
+    def clean_memory_headroom(self) -> int:
+        return self.cleaned_data.get("memory_headroom") or 0
+
+    def clean_settle_timeout(self) -> int:
+        value = self.cleaned_data["settle_timeout"]
+        if value > self.MAX_SETTLE:
+            raise ValidationError(f"At most {self.MAX_SETTLE} seconds.")
+        return value
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        models_max = data.get("models_max")
+        startup = Preset.objects.filter(enabled=True, load_on_startup=True).count()
+        if models_max and startup > models_max:
+            self.add_error(
+                "models_max",
+                f"{startup} presets load on startup; the router refuses to start with fewer "
+                "slots than that (A13).",
+            )
+        budget, headroom = data.get("memory_budget"), data.get("memory_headroom") or 0
+        if budget is not None:
+            if headroom >= budget:
+                self.add_error("memory_headroom", "The headroom must be smaller than the budget.")
+            biggest = _largest_estimate()
+            if biggest is not None and biggest[1] + headroom > budget:
+                self.add_error(
+                    "memory_budget",
+                    f"{biggest[0]} needs {presets.format_size(biggest[1])} plus the headroom: "
+                    "with this budget it could never load.",
+                )
+        return data
+
+
+def _largest_estimate() -> tuple[str, int] | None:
+    found = [
+        (p.name, p.memory_estimate or p.gguf_estimate)
+        for p in Preset.objects.filter(enabled=True)
+        if p.memory_estimate or p.gguf_estimate
+    ]
+    return max(found, key=lambda item: item[1], default=None)  # type: ignore[arg-type, return-value]
+
+
+# ---- INI import -------------------------------------------------------------------------------
+
+
+class ImportForm(forms.Form):
+    file = forms.FileField(required=False, help_text="A llama.cpp preset file (.ini).")
+    text = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 12, "spellcheck": "false"}),
+        help_text="…or paste its text.",
+    )
+    replace = forms.BooleanField(
+        required=False, help_text="Delete the presets this file does not name."
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        upload = data.get("file")
+        if upload is not None:
+            if upload.size > MAX_INI_BYTES:
+                raise ValidationError("The file is larger than 1 MiB.")
+            raw = upload.read()
+            try:
+                data["text"] = raw.decode("utf-8-sig")
+            except UnicodeDecodeError:
+                raise ValidationError("The file is not UTF-8 text.") from None
+        if not (data.get("text") or "").strip():
+            raise ValidationError("Choose a file or paste its text.")
+        return data
+
+
+# ---- audit log --------------------------------------------------------------------------------
+
+
+class AuditFilterForm(forms.Form):
+    model = forms.CharField(required=False)
+    kind = forms.ChoiceField(required=False, choices=[("", "any kind"), *AuditKind.choices])
+    actor = forms.CharField(required=False, help_text="e.g. user:alice, key:bob/ci, scheduler")
+    since = forms.DateTimeField(
+        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+    )
+    until = forms.DateTimeField(
+        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        since, until = data.get("since"), data.get("until")
+        if since and until and since > until:
+            self.add_error("until", "The end is before the start.")
+        return data
+
+
+# ---- API keys and users -----------------------------------------------------------------------
+
+
+class ApiKeyForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="What the key is for, e.g. laptop or ci.")
+    owner = forms.ModelChoiceField(queryset=get_user_model().objects.none(), required=False)
+
+    def __init__(self, *args: Any, user: Any, is_admin: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.user = user
+        if is_admin:
+            self.fields["owner"].queryset = get_user_model().objects.order_by("username")
+            self.fields["owner"].help_text = "Admins may issue keys for others; empty: you."
+        else:
+            del self.fields["owner"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        owner = data.get("owner") or self.user
+        data["owner"] = owner
+        name = data.get("name")
+        if name and owner.api_keys.active().filter(name=name).exists():
+            self.add_error("name", f"{owner} already has an active key named {name!r}.")
+        return data
+
+
+ROLE_CHOICES = [(r.label, r.label) for r in (Role.VIEWER, Role.OPERATOR, Role.ADMIN)]
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=[("none", "no access"), *ROLE_CHOICES])
+
+
+class NewUserForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    password = forms.CharField(
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}), strip=False
+    )
+    role = forms.ChoiceField(choices=ROLE_CHOICES, initial="viewer")
+
+    def clean_username(self) -> str:
+        name = self.cleaned_data["username"]
+        users = get_user_model()
+        if users.objects.filter(username=name).exists():
+            raise ValidationError("That user name is taken.")
+        return name
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("password"):
+            user = get_user_model()(username=data.get("username", ""))
+            try:
+                password_validation.validate_password(data["password"], user)
+            except ValidationError as exc:
+                self.add_error("password", exc)
+        return data

@@ -1,0 +1,68 @@
+"""Operator actions on models — load, unload, pin, unpin — shared by the form POSTs and the
+WebSocket (both check the role before calling in here).
+
+Load and unload go to the router as the acting user (its audit rows name them). Pinning is a
+preset change: the preset row is updated and audited, then the router reloads its presets — a
+pin does not change the command line, so the model keeps running (A14).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from models_app import audit
+from models_app.models import Preset
+from models_app.views import common
+from models_app.views.common import ACTION_WAIT, Answer
+
+ACTIONS = ("load", "unload", "pin", "unpin")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    message: str
+    pending: bool = False
+
+
+async def run(action: str, model: str, actor: str, user_id: int | None) -> Outcome:
+    """Carry out ``action`` on ``model``; wait at most ACTION_WAIT for the router."""
+    from asgiref.sync import sync_to_async
+
+    if action not in ACTIONS:
+        return Outcome(False, f"unknown action {action!r}")
+    if action in ("pin", "unpin"):
+        error = await sync_to_async(set_pinned)(model, action == "pin", actor, user_id)
+        if error:
+            return Outcome(False, error)
+        answer = await common.call_router("reload", ACTION_WAIT, actor=actor)
+        done = f"{model} {action}ned"
+        return _outcome(answer, done, f"{done}; the router is reloading its presets")
+    answer = await common.call_router(action, ACTION_WAIT, model=model, actor=actor)
+    done = f"{model}: {action} started" if action == "load" else f"{model}: unloading"
+    pending = f"{model}: {action} queued; the dashboard shows its progress"
+    return _outcome(answer, done, pending)
+
+
+def _outcome(answer: Answer, done: str, pending: str) -> Outcome:
+    if answer.pending:
+        return Outcome(True, pending, pending=True)
+    if answer.error:
+        return Outcome(False, answer.error)
+    return Outcome(True, done)
+
+
+def set_pinned(name: str, pinned: bool, actor: str, user_id: int | None) -> str | None:
+    """Pin or unpin the preset ``name``, with an audit row; return an error text or None."""
+    with transaction.atomic():
+        preset = Preset.objects.select_for_update().filter(name=name).first()
+        if preset is None:
+            return f"there is no preset named {name!r}"
+        before = audit.preset_state(preset)
+        preset.pinned = pinned
+        preset.updated_by_id = user_id  # type: ignore[attr-defined]
+        preset.save(update_fields=["pinned", "updated_at", "updated_by"])
+        audit.record_preset_change(before, preset, actor)
+    return None

@@ -1,0 +1,176 @@
+"""Settings, API keys, users and the per-model logs page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from models_app import audit
+from models_app.forms import ApiKeyForm, NewUserForm, RoleForm, SettingsForm
+from models_app.models import ApiKey, Preset, RouterSettings
+from models_app.roles import Role, forbidden, require, role_of, set_role
+from models_app.views import common
+
+# ---- settings ---------------------------------------------------------------------------------
+
+
+@require_http_methods(["GET", "POST"])
+@require(Role.VIEWER)
+def settings_page(request: HttpRequest) -> HttpResponse:
+    """Everyone with a role reads the settings; only admins get (and may post) the form."""
+    row = RouterSettings.load()
+    is_admin = role_of(request.user) >= Role.ADMIN
+    if request.method == "POST" and not is_admin:
+        return forbidden(request, Role.ADMIN)
+    form = SettingsForm(request.POST or None, instance=row) if is_admin else None
+    if form is not None and request.method == "POST" and form.is_valid():
+        return _save_settings(request, form)
+    snap, router_error = common.snapshot()
+    context = {
+        "form": form,
+        "row": row,
+        "values": _readable(row),
+        "running": (snap or {}).get("config"),
+        "router_error": router_error,
+    }
+    return render(request, "panel/settings.html", context)
+
+
+def _save_settings(request: HttpRequest, form: SettingsForm) -> HttpResponse:
+    actor = audit.actor_of(request.user)
+    with transaction.atomic():
+        before = audit.settings_state(RouterSettings.objects.select_for_update().get(pk=1))
+        row = form.save(commit=False)
+        row.updated_by = request.user  # type: ignore[assignment]
+        row.save()
+        changed = audit.record_settings_change(before, row, actor)
+    if changed is None:
+        messages.info(request, "Nothing changed.")
+        return redirect("panel:settings")
+    answer = common.ask_router("settings", common.ACTION_WAIT, actor=actor)
+    common.report(
+        request,
+        answer,
+        f"Saved: {changed.reason}. The router applies them now.",
+        f"Saved: {changed.reason}. The router is applying them.",
+    )
+    return redirect("panel:settings")
+
+
+def _readable(row: RouterSettings) -> list[tuple[str, str]]:
+    def size(value: int | None) -> str:
+        return "none" if not value else common.human_bytes(value)
+
+    def seconds(value: int | None) -> str:
+        return "no limit" if not value else f"{value} s"
+
+    return [
+        ("Max running models", "no limit" if row.models_max == 0 else str(row.models_max)),
+        ("Memory budget", size(row.memory_budget)),
+        ("Memory headroom", size(row.memory_headroom)),
+        ("Settle timeout", f"{row.settle_timeout} s"),
+        ("Max waiters per model", "no limit" if not row.max_waiters else str(row.max_waiters)),
+        ("Max wait in the queue", seconds(row.max_wait)),
+        ("Default stop-timeout", f"{row.default_stop_timeout} s"),
+        ("Quarantine after", f"{row.quarantine_after} failed loads"),
+        ("Server binary", row.server_binary),
+        ("API key required", "yes" if row.require_api_key else "no"),
+        ("Keep audit rows", _days(row.audit_retention_days)),
+    ]
+
+
+def _days(value: int | None) -> str:
+    return "forever" if not value else f"{value} days"
+
+
+# ---- API keys ---------------------------------------------------------------------------------
+
+
+@require_http_methods(["GET", "POST"])
+@require(Role.VIEWER)
+def api_keys(request: HttpRequest) -> HttpResponse:
+    """Your keys (admins: everyone's); a new key is shown once, on this response only."""
+    is_admin = role_of(request.user) >= Role.ADMIN
+    form = ApiKeyForm(request.POST or None, user=request.user, is_admin=is_admin)
+    created: tuple[ApiKey, str] | None = None
+    if request.method == "POST" and form.is_valid():
+        created = ApiKey.objects.issue(form.cleaned_data["owner"], form.cleaned_data["name"])
+        form = ApiKeyForm(user=request.user, is_admin=is_admin)
+    keys = ApiKey.objects.select_related("owner").order_by("-created_at")
+    if not is_admin:
+        keys = keys.filter(owner=request.user)
+    context = {"form": form, "keys": keys, "created": created, "is_admin": is_admin}
+    response = render(request, "panel/keys.html", context)
+    response["Cache-Control"] = "no-store"  # the page may hold a secret
+    return response
+
+
+@require_POST
+@require(Role.VIEWER)
+def api_key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    key = get_object_or_404(ApiKey, pk=pk)
+    if key.owner_id != request.user.pk and role_of(request.user) < Role.ADMIN:  # type: ignore[attr-defined]
+        return forbidden(request, Role.ADMIN)
+    key.revoke()
+    messages.success(request, f"Revoked {key}.")
+    return redirect("panel:api_keys")
+
+
+# ---- users ------------------------------------------------------------------------------------
+
+
+@require_http_methods(["GET", "POST"])
+@require(Role.ADMIN)
+def users(request: HttpRequest) -> HttpResponse:
+    form = NewUserForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        user = get_user_model().objects.create_user(data["username"], password=data["password"])
+        set_role(user, Role[data["role"].upper()])
+        messages.success(request, f"Created {user} ({data['role']}).")
+        return redirect("panel:users")
+    rows = [
+        {"user": u, "role": role_of(u).label, "form": RoleForm(initial={"role": role_of(u).label})}
+        for u in get_user_model().objects.order_by("username").prefetch_related("groups")
+    ]
+    return render(request, "panel/users.html", {"form": form, "rows": rows})
+
+
+@require_POST
+@require(Role.ADMIN)
+def user_role(request: HttpRequest, pk: int) -> HttpResponse:
+    user = get_object_or_404(get_user_model(), pk=pk)
+    form = RoleForm(request.POST)
+    if user.pk == request.user.pk:
+        messages.error(request, "You cannot change your own role (ask another admin).")
+    elif user.is_superuser:
+        messages.error(request, f"{user} is a superuser and always an admin.")
+    elif form.is_valid():
+        set_role(user, Role[form.cleaned_data["role"].upper()])
+        messages.success(request, f"{user} is now: {form.cleaned_data['role']}.")
+    return redirect("panel:users")
+
+
+# ---- logs -------------------------------------------------------------------------------------
+
+
+@require_GET
+@require(Role.VIEWER)
+def model_logs(request: HttpRequest, model: str) -> HttpResponse:
+    """The model's log ring as it is now; the page then tails it live over the WebSocket."""
+    answer = common.ask_router("snapshot", common.PAGE_TIMEOUT + 1, what="logs", model=model)
+    lines: Any = (answer.body or {}).get("logs")
+    context = {
+        "model": model,
+        "lines": lines if isinstance(lines, list) else [],
+        "router_error": answer.error,
+        "preset": Preset.objects.filter(name=model).first(),
+        "models": Preset.objects.values_list("name", flat=True),
+    }
+    return render(request, "panel/logs.html", context)

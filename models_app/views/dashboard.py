@@ -1,0 +1,124 @@
+"""The dashboard: model cards, the queue, the memory chart and the latest audit events.
+
+The page is complete without JavaScript (a snapshot taken while rendering, forms that POST the
+actions); with it, ``static/panel/live.js`` keeps it current over the WebSocket.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from models_app import audit
+from models_app.models import AuditEvent, Preset
+from models_app.roles import Role, require
+from models_app.views import actions, common, memory
+
+FEED_ROWS = 12
+
+
+@require_GET
+@require(Role.VIEWER)
+def dashboard(request: HttpRequest) -> HttpResponse:
+    snap, router_error = common.snapshot()
+    presets = {p.name: p for p in Preset.objects.all()}
+    cards = model_cards(snap, presets)
+    context = {
+        "cards": cards,
+        "queue": queue_rows(snap),
+        "router_error": router_error,
+        "config": (snap or {}).get("config") or {},
+        "system": (snap or {}).get("memory"),
+        "feed": AuditEvent.objects.all()[:FEED_ROWS],
+        "preset_ids": {name: p.pk for name, p in presets.items()},
+        "now": time.time(),
+    }
+    return render(request, "panel/dashboard.html", context)
+
+
+def model_cards(snap: dict[str, Any] | None, presets: dict[str, Preset]) -> list[dict[str, Any]]:
+    """One card per model: the router's view when it answered, else what the database says."""
+    if snap is not None:
+        cards = []
+        for row in snap.get("models", []):
+            preset = presets.get(row["name"])
+            cards.append(_flags(row | _preset_facts(preset)))
+        return cards
+    return [
+        _flags({"name": p.name, "state": "unknown", "pinned": bool(p.pinned), **_preset_facts(p)})
+        for p in presets.values()
+        if p.enabled
+    ]
+
+
+DOWN = frozenset({"unloaded", "failed", "quarantined", "unknown"})
+RUNNING = frozenset({"loading", "loaded", "sleeping"})
+
+
+def _flags(card: dict[str, Any]) -> dict[str, Any]:
+    """Which buttons apply: Load to a model that is down, Unload to one running, not stopping."""
+    state = card.get("state")
+    card["down"] = state in DOWN
+    card["running"] = state in RUNNING and not card.get("stopping")
+    return card
+
+
+def _preset_facts(preset: Preset | None) -> dict[str, Any]:
+    if preset is None:
+        return {"preset_id": None, "estimate": None}
+    return {"preset_id": preset.pk, "estimate": preset.memory_estimate or preset.gguf_estimate}
+
+
+def queue_rows(snap: dict[str, Any] | None) -> list[dict[str, Any]]:
+    now = time.time()
+    rows = (snap or {}).get("queue") or []
+    return [row | {"waiting": max(0.0, now - (row.get("since") or now))} for row in rows]
+
+
+@require_POST
+@require(Role.OPERATOR)
+def model_action(request: HttpRequest) -> HttpResponse:
+    """Load, unload, pin or unpin a model from a form (the no-JavaScript path)."""
+    action, model = request.POST.get("action", ""), request.POST.get("model", "")
+    if action not in actions.ACTIONS or not model:
+        messages.error(request, "Choose a model and an action.")
+    else:
+        actor = audit.actor_of(request.user)
+        outcome = async_to_sync(actions.run)(action, model, actor, request.user.pk)
+        if not outcome.ok:
+            messages.error(request, f"{model}: {outcome.message}")
+        elif outcome.pending:
+            messages.info(request, outcome.message)
+        else:
+            messages.success(request, outcome.message)
+    return redirect(_next(request, "panel:dashboard"))
+
+
+def _next(request: HttpRequest, default: str) -> str:
+    target = request.POST.get("next") or ""
+    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}):
+        return target
+    from django.urls import reverse
+
+    return reverse(default)
+
+
+@require_GET
+@require(Role.VIEWER)
+def memory_history(request: HttpRequest) -> JsonResponse:
+    """``?range=1h`` (the router's ring, as columns), ``24h`` or ``7d`` (the rollups)."""
+    range_name = request.GET.get("range", "1h")
+    if range_name == "1h":
+        answer = common.ask_router("snapshot", common.PAGE_TIMEOUT + 1, what="memory")
+        samples = (answer.body or {}).get("memory")
+        if not isinstance(samples, list):
+            return JsonResponse({"available": False, "reason": answer.error or "no samples"})
+        return JsonResponse({"available": True, "columns": memory.columns(samples)})
+    return JsonResponse(memory.rollups(range_name))

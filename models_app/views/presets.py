@@ -1,0 +1,234 @@
+"""Preset pages: list, detail, create / edit / clone / delete, INI import and export.
+
+Viewers read and export; admins change. Every change is audited (``audit.record_preset_change``)
+and then the router reloads its presets: a running model whose command line changed restarts —
+at once when idle, after its in-flight requests otherwise (A14) — and the page says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from django.contrib import messages
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods
+
+from models_app import audit, presets_io, specs
+from models_app.forms import ImportForm, PresetForm, option_names, pair_formset
+from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
+from models_app.roles import Role, require
+from models_app.views import common
+from routerpanel.router import ini
+
+PRESET_KINDS = (AuditKind.PRESET_CREATED, AuditKind.PRESET_CHANGED, AuditKind.PRESET_DELETED)
+
+
+@require_GET
+@require(Role.VIEWER)
+def preset_list(request: HttpRequest) -> HttpResponse:
+    snap, router_error = common.snapshot()
+    states = {m["name"]: m for m in (snap or {}).get("models", [])}
+    rows = [
+        {"preset": p, "live": states.get(p.name), "estimate": p.memory_estimate or p.gguf_estimate}
+        for p in Preset.objects.select_related("updated_by")
+    ]
+    skipped = presets_io.skipped_by_llama_export()
+    context = {"rows": rows, "router_error": router_error, "llama_skipped": skipped}
+    return render(request, "panel/presets/list.html", context)
+
+
+@require_GET
+@require(Role.VIEWER)
+def preset_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    preset = get_object_or_404(Preset, pk=pk)
+    context = {
+        "preset": preset,
+        "command": _command(preset),
+        "live": _live(preset.name),
+        "history": AuditEvent.objects.filter(model=preset.name, kind__in=PRESET_KINDS)[:10],
+        "estimate": preset.memory_estimate or preset.gguf_estimate,
+    }
+    return render(request, "panel/presets/detail.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@require(Role.ADMIN)
+def preset_create(request: HttpRequest) -> HttpResponse:
+    return _edit(request, Preset(), None)
+
+
+@require_http_methods(["GET", "POST"])
+@require(Role.ADMIN)
+def preset_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    preset = get_object_or_404(Preset, pk=pk)
+    return _edit(request, preset, audit.preset_state(preset))
+
+
+@require_http_methods(["GET", "POST"])
+@require(Role.ADMIN)
+def preset_clone(request: HttpRequest, pk: int) -> HttpResponse:
+    source = get_object_or_404(Preset, pk=pk)
+    copy = Preset()
+    copy.apply_def(dataclasses.replace(source.to_def(), name=_free_name(source.name)))
+    copy.gguf_facts, copy.gguf_estimate = source.gguf_facts, source.gguf_estimate
+    return _edit(request, copy, None, cloned_from=source)
+
+
+def _free_name(name: str) -> str:
+    base, _, tag = name.partition(":")
+    for n in range(2, 100):
+        candidate = f"{base}-copy{'' if n == 2 else n}" + (f":{tag}" if tag else "")
+        if not Preset.objects.filter(name=candidate).exists():
+            return candidate
+    return f"{base}-copy"
+
+
+def _edit(
+    request: HttpRequest,
+    preset: Preset,
+    before: dict[str, Any] | None,
+    cloned_from: Preset | None = None,
+) -> HttpResponse:
+    data = request.POST if request.method == "POST" else None
+    passthrough = bool((data or {}).get("server_bin", preset.server_bin))
+    form = PresetForm(data, instance=preset)
+    args = pair_formset("args", preset.args, data, passthrough=passthrough)
+    env = pair_formset("env", preset.env, data)
+    if data is not None:
+        rows_ok = args.is_valid() & env.is_valid()  # both, so both show their errors
+        if rows_ok:
+            preset.args, preset.env = args.pairs(), env.pairs()
+        if form.is_valid() and rows_ok and not form.pair_errors:
+            return _save(request, form, before)
+    context = {
+        "form": form,
+        "args": args,
+        "env": env,
+        "preset": preset,
+        "creating": before is None,
+        "cloned_from": cloned_from,
+        "live": _live(preset.name) if before is not None else None,
+        "option_names": option_names(),
+        "estimate": preset.memory_estimate or preset.gguf_estimate,
+    }
+    return render(request, "panel/presets/edit.html", context)
+
+
+def _save(request: HttpRequest, form: PresetForm, before: dict[str, Any] | None) -> HttpResponse:
+    actor = audit.actor_of(request.user)
+    with transaction.atomic():
+        preset = form.save(commit=False)
+        preset.updated_by = request.user  # type: ignore[assignment]
+        preset.save()  # tasks.preset_saved reads the GGUF facts and estimate after the commit
+        audit.record_preset_change(before, preset, actor)
+    answer = common.ask_router("reload", common.ACTION_WAIT, actor=actor)
+    verb = "Created" if before is None else "Saved"
+    _report_reload(request, f"{verb} {preset.name}.", answer, preset.name)
+    return redirect("panel:preset_detail", pk=preset.pk)
+
+
+def _report_reload(request: HttpRequest, done: str, answer: common.Answer, name: str) -> None:
+    if answer.error:
+        later = "it reads the presets again when it restarts or reloads"
+        messages.warning(
+            request, f"{done} The router did not take it yet ({answer.error}); {later}."
+        )
+    elif answer.pending:
+        messages.info(request, f"{done} The router is reloading its presets.")
+    elif name in (answer.body or {}).get("restarted", []):
+        restart = "it restarts now (after its in-flight requests finish) to apply the change"
+        messages.warning(request, f"{done} {name} is running with the old command line: {restart}.")
+    else:
+        messages.success(request, done)
+
+
+def _command(preset: Preset) -> str | None:
+    try:
+        spec = specs.preset_specs([preset], RouterSettings.load())
+    except ValueError:
+        return None
+    return specs.quote_argv(spec[0].argv) if spec else None
+
+
+def _live(name: str) -> dict[str, Any] | None:
+    snap, _ = common.snapshot()
+    return next((m for m in (snap or {}).get("models", []) if m["name"] == name), None)
+
+
+@require_http_methods(["GET", "POST"])
+@require(Role.ADMIN)
+def preset_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    preset = get_object_or_404(Preset, pk=pk)
+    if request.method == "GET":
+        context = {"preset": preset, "live": _live(preset.name)}
+        return render(request, "panel/presets/delete.html", context)
+    actor, name = audit.actor_of(request.user), preset.name
+    with transaction.atomic():
+        before = audit.preset_state(preset)
+        preset.delete()
+        audit.record_preset_change(before, None, actor)
+    answer = common.ask_router("reload", common.ACTION_WAIT, actor=actor)
+    _report_reload(request, f"Deleted {name}.", answer, "")
+    return redirect("panel:preset_list")
+
+
+# ---- INI import and export ----------------------------------------------------------------------
+
+
+@require_http_methods(["GET", "POST"])
+@require(Role.ADMIN)
+def preset_import(request: HttpRequest) -> HttpResponse:
+    """Preview (a dry run: created / updated / unchanged) first; apply the same text next."""
+    form = ImportForm(request.POST or None, request.FILES or None)
+    context: dict[str, Any] = {"form": form}
+    if request.method == "POST" and form.is_valid():
+        text, replace = form.cleaned_data["text"], form.cleaned_data["replace"]
+        apply = "apply" in request.POST
+        context["text"], context["replace"] = text, replace
+        try:
+            report = _import(request, text, replace=replace, apply=apply)
+        except ini.IniError as exc:
+            context["error"] = exc
+            context["lines"] = _numbered(text, exc.line)
+            return render(request, "panel/presets/import.html", context)
+        if apply:
+            _report_reload(
+                request,
+                f"Imported: {report.summary()}.",
+                common.ask_router("reload", common.ACTION_WAIT, actor=audit.actor_of(request.user)),
+                "",
+            )
+            return redirect("panel:preset_list")
+        context["report"] = report
+    return render(request, "panel/presets/import.html", context)
+
+
+def _import(
+    request: HttpRequest, text: str, *, replace: bool, apply: bool
+) -> presets_io.ImportReport:
+    """Dry run for the preview; for real (audited by ``import_presets``, as the user) to apply."""
+    return presets_io.import_presets(
+        text, source="upload", replace=replace, dry_run=not apply, user=request.user
+    )
+
+
+def _numbered(text: str, bad: int) -> list[dict[str, Any]]:
+    lines = text.splitlines()
+    start, end = max(0, bad - 4), min(len(lines), bad + 3) if bad else min(len(lines), 8)
+    return [{"n": n + 1, "text": lines[n], "bad": n + 1 == bad} for n in range(start, end)]
+
+
+@require_GET
+@require(Role.VIEWER)
+def preset_export(request: HttpRequest) -> HttpResponse:
+    """``?llama=1``: only what ``llama-server --models-preset`` accepts."""
+    llama = request.GET.get("llama") == "1"
+    header = f"RouterPanel presets, exported by {request.user.get_username()}"
+    text = presets_io.export_presets(llama_compatible=llama, header=header)
+    response = HttpResponse(text, content_type="text/plain; charset=utf-8")
+    filename = "presets-llama.ini" if llama else "presets.ini"
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response

@@ -1,0 +1,573 @@
+// The dashboard's live parts: model cards, the queue, the memory chart and the audit feed.
+// State comes from the snapshot and is kept current by the events (see live.js); each event
+// updates the DOM at once, and a snapshot shortly after fills in what events do not carry (the
+// port, the child's info).
+(function () {
+  "use strict";
+
+  const { Live, bytes, seconds, ago, clock, toast } = window.Panel;
+  const root = document.getElementById("dashboard");
+  if (!root) return;
+
+  const ICONS = {
+    loaded: "●", loading: "◐", sleeping: "☾", unloaded: "○", failed: "✕",
+    quarantined: "⊘", stuck: "⚠", unknown: "?",
+  };
+  const DOWN = new Set(["unloaded", "failed", "quarantined", "unknown"]);
+  const RUNNING = new Set(["loading", "loaded", "sleeping"]);
+  const FEED_ROWS = 12;
+  const MAX_POINTS = 3600;
+
+  const canOperate = root.dataset.canOperate === "1";
+  const models = new Map(); // name -> snapshot row (kept current by events)
+  const since = new Map(); // name -> [state, wall time it entered it]
+  let presets = {};
+  let queue = [];
+  let config = {};
+  let refreshTimer = null;
+
+  // ---- cards ------------------------------------------------------------------------------------
+
+  function card(name) {
+    let el = root.querySelector(`.model-card[data-model="${CSS.escape(name)}"]`);
+    if (el) return el;
+    const template = document.getElementById("card-template");
+    el = template.content.firstElementChild.cloneNode(true);
+    el.dataset.model = name;
+    field(el, "logs-link").textContent = name;
+    field(el, "logs-link").href = root.dataset.logsUrl.replace("MODEL", encodeURIComponent(name).replace(/%2F/g, "/"));
+    const input = field(el, "model-input");
+    if (input) input.value = name;
+    bindActions(el);
+    const empty = document.getElementById("no-models");
+    if (empty) empty.remove();
+    document.getElementById("cards").appendChild(el);
+    return el;
+  }
+
+  function field(el, name) {
+    return el.querySelector(`[data-field="${name}"]`);
+  }
+
+  function setText(el, name, text) {
+    const node = field(el, name);
+    if (node && node.textContent !== text) node.textContent = text;
+  }
+
+  function show(el, name, visible) {
+    const node = field(el, name);
+    if (node) node.hidden = !visible;
+  }
+
+  function render(m) {
+    const el = card(m.name);
+    const state = m.state || "unknown";
+    el.className = `model-card state-${state}${m.stopping ? " is-stopping" : ""}`;
+    el.dataset.state = state;
+    el.dataset.stopping = m.stopping ? "1" : "0";
+    setText(el, "icon", ICONS[state] || "?");
+    setText(el, "state-text", state);
+    show(el, "stopping", !!m.stopping);
+    show(el, "pinned", !!m.pinned);
+    show(el, "queued", !!m.queue_position);
+    setText(el, "queue-pos", m.queue_position ? String(m.queue_position) : "");
+    renderProgress(el, m);
+    const estimate = (presets[m.name] || {}).estimate;
+    const mem = field(el, "memory");
+    mem.textContent = bytes(m.memory);
+    if (estimate) {
+      const small = document.createElement("small");
+      small.textContent = ` est. ${bytes(estimate)}`;
+      mem.appendChild(small);
+    }
+    setText(el, "in_flight", String(m.in_flight || 0));
+    setText(el, "pid", m.pid ? String(m.pid) : "—");
+    setText(el, "port", m.port ? String(m.port) : "—");
+    field(el, "last_used").dataset.epoch = m.last_used || "";
+    setText(el, "stop_timeout", m.stop_timeout === null || m.stop_timeout === undefined ? "—" : `${Math.round(m.stop_timeout)} s`);
+    setText(el, "last_exit", exitText(m.last_exit));
+    const line = field(el, "lastline");
+    line.hidden = !(m.note || (state === "loading" && m.lastline));
+    line.textContent = m.note || m.lastline || "";
+    const preset = presets[m.name];
+    const link = field(el, "preset-link");
+    if (link && preset) {
+      link.href = root.dataset.presetUrl.replace("/0/", `/${preset.id}/`);
+      link.hidden = false;
+    }
+    for (const button of el.querySelectorAll("button[data-show]")) {
+      const rule = button.dataset.show;
+      button.hidden = !(
+        (rule === "down" && DOWN.has(state)) ||
+        (rule === "running" && RUNNING.has(state) && !m.stopping) ||
+        (rule === "pinned" && m.pinned) ||
+        (rule === "unpinned" && !m.pinned)
+      );
+    }
+    tickCard(el, m);
+  }
+
+  function renderProgress(el, m) {
+    const box = field(el, "progress");
+    box.hidden = m.state !== "loading";
+    const bar = field(el, "progress-bar");
+    const value = m.progress && typeof m.progress.value === "number" ? m.progress.value : null;
+    if (value === null) {
+      bar.removeAttribute("value");
+      setText(el, "progress-text", "loading…");
+    } else {
+      bar.value = Math.round(value * 100);
+      setText(el, "progress-text", `${Math.round(value * 100)}%`);
+    }
+  }
+
+  function exitText(exit) {
+    if (!exit) return "—";
+    const parts = [exit.clean ? "clean" : "unexpected"];
+    parts.push(`code ${exit.exit_code === null || exit.exit_code === undefined ? "—" : exit.exit_code}`);
+    if (exit.signal) parts.push(`signal ${exit.signal}`);
+    if (exit.force_killed) parts.push("force-killed");
+    if (exit.error) parts.push(exit.error);
+    return parts.join(", ");
+  }
+
+  function tickCard(el, m) {
+    const entered = since.get(m.name);
+    const text = entered && entered[0] === m.state ? `for ${seconds(Date.now() / 1000 - entered[1])}` : "";
+    setText(el, "since", text);
+    const used = field(el, "last_used");
+    setText(el, "last_used", ago(Number(used.dataset.epoch) || null));
+  }
+
+  function markSince(name, state, time) {
+    const entered = since.get(name);
+    if (!entered || entered[0] !== state) since.set(name, [state, time]);
+  }
+
+  // ---- snapshot and events ----------------------------------------------------------------------
+
+  function applySnapshot(snap, presetFacts) {
+    presets = presetFacts;
+    config = snap.config || {};
+    document.getElementById("router-banner").hidden = true;
+    const seen = new Set();
+    for (const row of snap.models) {
+      const old = models.get(row.name) || {};
+      const m = Object.assign({}, row, { note: old.state === row.state ? old.note : null, lastline: old.lastline });
+      models.set(row.name, m);
+      seen.add(row.name);
+      if (!since.has(row.name) && row.state === "loaded" && row.loaded_at) markSince(row.name, "loaded", row.loaded_at);
+      else if (!since.has(row.name) && DOWN.has(row.state) && !row.last_exit) since.delete(row.name);
+      render(m);
+    }
+    for (const [name] of models) {
+      if (!seen.has(name)) {
+        models.delete(name);
+        const el = root.querySelector(`.model-card[data-model="${CSS.escape(name)}"]`);
+        if (el) el.remove();
+      }
+    }
+    queue = snap.queue || [];
+    renderQueue();
+    const max = config.models_max;
+    const running = snap.models.filter((m) => RUNNING.has(m.state) || m.state === "stuck").length;
+    document.getElementById("slots").textContent =
+      max === undefined ? "" : `${running} of ${max === 0 ? "unlimited" : max} running`;
+    if (snap.memory) renderMemNow(snap.memory);
+  }
+
+  function routerDown(error) {
+    const banner = document.getElementById("router-banner");
+    banner.hidden = false;
+    banner.querySelector('[data-field="router-error"]').textContent = error;
+  }
+
+  function model(name) {
+    if (!models.has(name)) models.set(name, { name, state: "unknown" });
+    return models.get(name);
+  }
+
+  const ON = {
+    "model.state"(d, ev) {
+      const m = model(d.model);
+      const down = DOWN.has(d.to);
+      m.state = d.to;
+      m.status = d.status;
+      m.stopping = d.stopping;
+      if (d.progress !== undefined) m.progress = d.progress;
+      if (d.to === "loading" && d.from !== "loading") {
+        m.progress = null;
+        m.lastline = null;
+        m.note = null;
+      }
+      if (down) Object.assign(m, { pid: null, port: null, memory: null, in_flight: 0 });
+      markSince(d.model, d.to, ev.time);
+      render(m);
+      scheduleRefresh();
+    },
+    "model.progress"(d) {
+      const m = model(d.model);
+      m.progress = d.progress;
+      renderProgress(card(d.model), m);
+    },
+    "model.evicted"(d) {
+      const m = model(d.victim);
+      const trigger = d.trigger || {};
+      m.note = `Evicted for ${trigger.model || "another model"} by ${trigger.actor || "the scheduler"}` +
+        ` after ${seconds(d.idle_for || 0)} idle`;
+      render(m);
+    },
+    "model.exited"(d) {
+      const m = model(d.model);
+      m.last_exit = d;
+      m.exit_code = d.exit_code;
+      render(m);
+      scheduleRefresh();
+    },
+    "model.log"(d) {
+      const m = models.get(d.model);
+      if (m && m.state === "loading") {
+        m.lastline = d.text;
+        const el = card(d.model);
+        const line = field(el, "lastline");
+        if (!m.note) {
+          line.hidden = false;
+          line.textContent = d.text;
+        }
+      }
+    },
+    "model.stuck"(d) {
+      const m = model(d.model);
+      m.note = `Stuck: pid ${d.pid} survived SIGKILL ${seconds(d.seconds_since_kill)} ago`;
+      render(m);
+      scheduleRefresh();
+    },
+    "queue.changed"(d) {
+      queue = d.entries;
+      const positions = new Map(queue.map((e) => [e.model, e]));
+      for (const m of models.values()) {
+        const entry = positions.get(m.name);
+        const pos = entry ? entry.position : null;
+        if (m.queue_position !== pos) {
+          m.queue_position = pos;
+          m.queue_waiters = entry ? entry.waiters : 0;
+          render(m);
+        }
+      }
+      renderQueue();
+    },
+    "memory.sample"(d) {
+      chart.push(d);
+      renderMemNow(d.system);
+      for (const m of models.values()) {
+        const child = (d.children || {})[m.name];
+        const mem = child ? child.rss : null;
+        if (RUNNING.has(m.state) && child && (m.memory !== mem || m.pid !== child.pid)) {
+          m.memory = mem;
+          m.pid = child.pid;
+          render(m);
+        }
+      }
+    },
+  };
+
+  function applyEvent(ev) {
+    const handler = ON[ev.type];
+    if (handler) handler(ev.data || {}, ev);
+    else if (ev.type !== "memory.settled") scheduleRefresh(); // reloads, settings, restarts
+  }
+
+  // Events say what changed; a snapshot soon after fills in what they do not carry (port, the
+  // child's info). At most one is pending, so a stream of events cannot starve it.
+  function scheduleRefresh() {
+    if (refreshTimer !== null) return;
+    refreshTimer = setTimeout(() => {
+      refreshTimer = null;
+      live.resync(true);
+    }, 300);
+  }
+
+  // ---- queue ------------------------------------------------------------------------------------
+
+  function renderQueue() {
+    const body = document.getElementById("queue-body");
+    body.replaceChildren();
+    const depth = queue.reduce((n, e) => n + e.waiters, 0);
+    document.getElementById("queue-depth").textContent = `${depth} waiting`;
+    if (!queue.length) {
+      const tr = body.insertRow();
+      tr.className = "empty";
+      const td = tr.insertCell();
+      td.colSpan = 5;
+      td.textContent = "Nothing is waiting.";
+      return;
+    }
+    for (const entry of queue) {
+      const tr = body.insertRow();
+      const status = entry.starting ? "starting" : entry.restart ? "restart" : "waiting";
+      for (const text of [entry.position, entry.model, entry.waiters, "", status]) {
+        tr.insertCell().textContent = String(text);
+      }
+      tr.cells[3].dataset.epochSince = entry.since;
+    }
+    tickQueue();
+  }
+
+  function tickQueue() {
+    for (const cell of document.querySelectorAll("#queue-body [data-epoch-since]")) {
+      cell.textContent = seconds(Math.max(0, Date.now() / 1000 - Number(cell.dataset.epochSince)));
+    }
+  }
+
+  // ---- audit feed -------------------------------------------------------------------------------
+
+  function renderAudit(message) {
+    const list = document.getElementById("feed");
+    if (message.initial) list.replaceChildren();
+    const empty = list.querySelector(".empty");
+    if (empty && message.rows.length) empty.remove();
+    for (const row of message.rows) {
+      if (list.querySelector(`li[data-id="${row.id}"]`)) continue;
+      const li = document.createElement("li");
+      li.dataset.id = row.id;
+      li.className = `kind-${row.kind}${message.initial ? "" : " fresh"}`;
+      const time = document.createElement("time");
+      time.dateTime = new Date(row.time * 1000).toISOString();
+      time.textContent = clock(row.time);
+      const kind = document.createElement("a");
+      kind.className = "badge kind";
+      kind.href = row.url;
+      kind.textContent = row.kind_label;
+      const name = document.createElement("strong");
+      name.textContent = row.model;
+      const actor = document.createElement("span");
+      actor.className = "actor";
+      actor.textContent = row.actor;
+      const reason = document.createElement("span");
+      reason.className = "reason";
+      reason.textContent = row.reason;
+      li.append(time, " ", kind, " ", name, " ", actor, " ", reason);
+      li.dataset.time = row.time;
+      // Newest first by event time: the writer may land a row after a later one (an eviction
+      // is written once its victim has exited).
+      const after = [...list.children].find((other) => Number(other.dataset.time || 0) < row.time);
+      list.insertBefore(li, after || null);
+    }
+    while (list.children.length > FEED_ROWS) list.lastElementChild.remove();
+    if (!list.children.length) {
+      const li = document.createElement("li");
+      li.className = "empty";
+      li.textContent = "No audit events yet.";
+      list.append(li);
+    }
+  }
+
+  // ---- memory -----------------------------------------------------------------------------------
+
+  function renderMemNow(system) {
+    const el = document.getElementById("mem-now");
+    const parts = [`${bytes(system.available)} available`, `swap ${bytes(system.swap_used)}`];
+    if (system.wired !== null && system.wired !== undefined) parts.push(`wired ${bytes(system.wired)}`);
+    el.replaceChildren("System: ");
+    const strong = document.createElement("strong");
+    strong.textContent = bytes(system.used);
+    el.append(strong, ` used of ${bytes(system.total)}, ${parts.join(", ")}`);
+  }
+
+  const PALETTE = ["#2563eb", "#d97706", "#059669", "#db2777", "#7c3aed", "#0891b2", "#65a30d", "#dc2626"];
+  const DASHES = [[], [8, 4], [2, 3], [10, 3, 2, 3]]; // lines differ without colour, too
+
+  // Two charts sharing a cursor: the machine (GiB) and the models (MiB), so a 64 MiB model is
+  // not a flat line under 24 GiB of available memory.
+  class Plot {
+    constructor(box, height) {
+      this.box = box;
+      this.height = height;
+      this.uplot = null;
+      this.names = null;
+    }
+
+    draw(time, series) {
+      const names = series.map((s) => s.label).join("\u0000");
+      const aligned = [time, ...series.map((s) => s.values)];
+      if (this.uplot && names === this.names) {
+        this.uplot.setData(aligned);
+        return;
+      }
+      if (this.uplot) this.uplot.destroy();
+      this.names = names;
+      this.box.replaceChildren();
+      const opts = {
+        width: this.width(),
+        height: this.height,
+        cursor: { sync: { key: "memory" }, drag: { x: false, y: false } },
+        scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(max * 1.08, 1)] } },
+        axes: [{}, { values: (u, ticks) => ticks.map(bytes), size: 76 }],
+        series: [
+          { value: (u, v) => (v === null ? "—" : new Date(v * 1000).toLocaleTimeString()) },
+          ...series.map((s) => ({
+            label: s.label,
+            stroke: s.color,
+            width: s.width || 1.5,
+            dash: s.dash,
+            fill: s.fill ? `${s.color}22` : undefined,
+            points: { show: false },
+            value: (u, v) => bytes(v),
+          })),
+        ],
+      };
+      this.uplot = new window.uPlot(opts, aligned, this.box);
+    }
+
+    width() {
+      return Math.max(260, this.box.clientWidth);
+    }
+
+    resize() {
+      if (this.uplot) this.uplot.setSize({ width: this.width(), height: this.height });
+    }
+  }
+
+  class MemoryChart {
+    constructor(note) {
+      this.note = note;
+      this.range = "1h";
+      this.cols = { time: [], used: [], available: [], swap_used: [], wired: [], models: {} };
+      const small = window.matchMedia("(max-width: 520px)").matches;
+      this.system = new Plot(document.getElementById("memchart-system"), small ? 170 : 200);
+      this.models = new Plot(document.getElementById("memchart-models"), small ? 170 : 200);
+      const observer = new ResizeObserver(() => {
+        this.system.resize();
+        this.models.resize();
+      });
+      observer.observe(this.system.box);
+    }
+
+    load(history) {
+      this.cols = history;
+      for (const key of ["time", "used", "available", "swap_used", "wired"]) this.cols[key] = this.cols[key] || [];
+      this.cols.models = this.cols.models || {};
+      document.body.dataset.memoryPoints = String(this.cols.time.length);
+      if (this.range === "1h") this.drawLive();
+    }
+
+    push(sample) {
+      const c = this.cols;
+      const last = c.time.length ? c.time[c.time.length - 1] : 0;
+      if (sample.time <= last) return;
+      c.time.push(sample.time);
+      const s = sample.system || {};
+      for (const key of ["used", "available", "swap_used", "wired"]) c[key].push(s[key] ?? null);
+      const children = sample.children || {};
+      for (const name of Object.keys(children)) {
+        if (!c.models[name]) c.models[name] = new Array(c.time.length - 1).fill(null);
+      }
+      for (const [name, values] of Object.entries(c.models)) values.push(children[name] ? children[name].rss : null);
+      if (c.time.length > MAX_POINTS) {
+        const drop = c.time.length - MAX_POINTS;
+        for (const key of ["time", "used", "available", "swap_used", "wired"]) c[key].splice(0, drop);
+        for (const values of Object.values(c.models)) values.splice(0, drop);
+      }
+      document.body.dataset.memoryPoints = String(c.time.length);
+      if (this.range === "1h") this.drawLive();
+    }
+
+    drawLive() {
+      const c = this.cols;
+      const system = [
+        { label: "Used", values: c.used, color: "#111827", width: 2 },
+        { label: "Available", values: c.available, color: "#16a34a", dash: [6, 4] },
+        { label: "Swap used", values: c.swap_used, color: "#9333ea", dash: [2, 3] },
+      ];
+      if (c.wired.some((v) => v !== null)) system.push({ label: "Wired", values: c.wired, color: "#b45309", dash: [8, 3, 2, 3] });
+      this.system.draw(c.time, system);
+      this.models.draw(c.time, this.modelSeries(c.models, ""));
+    }
+
+    modelSeries(columns, suffix) {
+      return Object.keys(columns).sort().map((name, i) => ({
+        label: name + suffix,
+        values: columns[name],
+        color: PALETTE[i % PALETTE.length],
+        dash: DASHES[i % DASHES.length],
+        width: 2,
+        fill: true,
+      }));
+    }
+
+    async showRange(range) {
+      this.range = range;
+      this.note.hidden = true;
+      if (range === "1h") {
+        this.drawLive();
+        return;
+      }
+      const response = await fetch(`${root.dataset.historyUrl}?range=${range}`, { credentials: "same-origin" });
+      const data = response.ok ? await response.json() : { available: false, reason: `HTTP ${response.status}` };
+      if (this.range !== range) return;
+      if (!data.available) {
+        this.note.hidden = false;
+        this.note.textContent = `No ${range} history: ${data.reason}.`;
+        this.system.draw([], []);
+        this.models.draw([], []);
+        return;
+      }
+      this.system.draw(data.time, [
+        { label: "Used (avg)", values: data.system.used, color: "#111827", width: 2 },
+        { label: "Used (max)", values: data.system.used_max, color: "#6b7280", dash: [4, 3] },
+        { label: "Available (avg)", values: data.system.available, color: "#16a34a", dash: [6, 4] },
+        { label: "Swap used (avg)", values: data.system.swap_used, color: "#9333ea", dash: [2, 3] },
+      ]);
+      this.models.draw(data.time, this.modelSeries(data.models, " (avg)"));
+    }
+  }
+
+  const chart = new MemoryChart(document.getElementById("chart-note"));
+  for (const button of document.querySelectorAll(".ranges button")) {
+    button.addEventListener("click", () => {
+      for (const other of document.querySelectorAll(".ranges button")) other.setAttribute("aria-pressed", String(other === button));
+      chart.showRange(button.dataset.range);
+    });
+  }
+
+  // ---- actions ------------------------------------------------------------------------------------
+
+  function bindActions(el) {
+    const form = el.querySelector("form[data-action-form]");
+    if (!form || !canOperate) return;
+    form.addEventListener("submit", async (e) => {
+      if (!live.isOpen()) return; // no socket: the form posts as usual
+      e.preventDefault();
+      const button = e.submitter;
+      const action = button.value;
+      const name = el.dataset.model;
+      button.disabled = true;
+      button.setAttribute("aria-busy", "true");
+      const result = await live.action(action, name);
+      button.disabled = false;
+      button.removeAttribute("aria-busy");
+      toast(result.ok ? result.message : `${name}: ${result.message}`, result.ok ? "ok" : "error");
+    });
+  }
+
+  for (const el of root.querySelectorAll(".model-card")) bindActions(el);
+
+  // ---- start --------------------------------------------------------------------------------------
+
+  const live = new Live(root.dataset.ws, {
+    snapshot: applySnapshot,
+    routerDown,
+    event: applyEvent,
+    audit: renderAudit,
+    memory: (message) => chart.load(message.history),
+    open: () => root.classList.remove("is-stale"),
+    close: () => root.classList.add("is-stale"),
+  });
+  window.panelLive = live;
+  live.start();
+
+  setInterval(() => {
+    for (const m of models.values()) tickCard(card(m.name), m);
+    tickQueue();
+  }, 1000);
+})();

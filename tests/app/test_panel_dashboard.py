@@ -1,0 +1,119 @@
+"""The dashboard and logs pages without JavaScript, and the memory history they chart."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from models_app.models import AuditEvent, AuditKind, MemoryRollup, Preset
+from tests.app.test_panel_support import RouterStub, model_row
+
+pytest_plugins = ("tests.app.test_panel_support",)
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def stub(panel_router: RouterStub) -> RouterStub:
+    Preset.objects.create(name="demo-small", memory_estimate=64 << 20)
+    Preset.objects.create(name="demo-large")
+    panel_router.models = [
+        model_row("demo-small", "loaded", pinned=True),
+        model_row("demo-large", "loading", progress={"value": 0.25}),
+    ]
+    panel_router.queue = [
+        {"ticket": 3, "model": "demo-medium", "position": 1, "waiters": 2, "since": 0.0,
+         "starting": False, "restart": False}
+    ]  # fmt: skip
+    return panel_router
+
+
+def card(text: str, name: str) -> str:
+    start = text.index(f'data-model="{name}"')
+    return text[start : text.index("</article>", start)]
+
+
+class TestDashboard:
+    def test_cards_show_state_in_words_and_shape_and_the_operators_buttons(
+        self, operator_client: Client, stub: RouterStub
+    ) -> None:
+        text = operator_client.get("/").content.decode()
+        small = card(text, "demo-small")
+        assert 'data-field="state-text">loaded<' in small and ">●<" in small
+        assert "⚑ pinned" in small and "64.0 MiB" in small and "4242" in small
+        assert '<button name="action" value="unload" data-show="running" >' in small
+        large = card(text, "demo-large")
+        assert 'value="25"' in large and "25%" in large and ">◐<" in large
+        assert "<td>demo-medium</td><td>2</td>" in text  # the queue
+        assert 'name="csrfmiddlewaretoken"' in small
+
+    def test_a_viewer_gets_no_action_buttons(self, viewer_client: Client, stub: RouterStub) -> None:
+        text = viewer_client.get("/").content.decode()
+        assert 'name="action"' not in text and "/actions/model/" not in text
+
+    def test_without_the_router_it_lists_the_presets_and_says_so(
+        self, viewer_client: Client, stub: RouterStub
+    ) -> None:
+        stub.down = True
+        text = viewer_client.get("/").content.decode()
+        assert "Router unavailable." in text and "router unavailable" in text
+        assert 'data-model="demo-small"' in text and 'data-state="unknown"' in text
+
+    def test_the_feed_shows_the_latest_audit_rows(
+        self, viewer_client: Client, stub: RouterStub
+    ) -> None:
+        row = AuditEvent.objects.record(AuditKind.EVICTION, model="demo-small", actor="user:o")
+        text = viewer_client.get("/").content.decode()
+        assert f'href="/audit/{row.pk}/">eviction</a> <strong>demo-small</strong>' in text
+
+
+class TestMemoryHistory:
+    def test_the_last_hour_comes_from_the_router_as_columns(
+        self, viewer_client: Client, stub: RouterStub
+    ) -> None:
+        stub.memory = [
+            {"time": 1.0, "system": {"used": 10, "available": 90, "swap_used": 0, "wired": None},
+             "children": {}},
+            {"time": 2.0, "system": {"used": 20, "available": 80, "swap_used": 0, "wired": None},
+             "children": {"demo-small": {"pid": 1, "rss": 5}}},
+        ]  # fmt: skip
+        data = viewer_client.get("/memory/history/?range=1h").json()
+        assert data["available"] is True
+        assert data["columns"]["used"] == [10, 20]
+        assert data["columns"]["models"] == {"demo-small": [None, 5]}
+
+    def test_24_hours_come_from_the_rollups(self, viewer_client: Client) -> None:
+        minute = timezone.now().replace(second=0, microsecond=0) - timedelta(hours=1)
+        common = {"samples": 60, "used_min": 1, "used_max": 9}
+        MemoryRollup.objects.create(minute=minute, scope="system", model="", used_avg=5,
+                                    available_avg=95, swap_used_avg=0, **common)  # fmt: skip
+        MemoryRollup.objects.create(minute=minute, scope="model", model="demo-small", used_avg=3,
+                                    **common)  # fmt: skip
+        old = minute - timedelta(days=2)
+        MemoryRollup.objects.create(minute=old, scope="system", model="", used_avg=7, **common)
+        data = viewer_client.get("/memory/history/?range=24h").json()
+        assert data["available"] is True and data["time"] == [minute.timestamp()]
+        assert data["system"] == {"used": [5.0], "used_max": [9.0], "available": [95.0],
+                                  "swap_used": [0.0]}  # fmt: skip
+        assert data["models"] == {"demo-small": [3.0]}
+        week = viewer_client.get("/memory/history/?range=7d").json()
+        assert len(week["time"]) == 2 and week["bucket"] == 600
+
+    def test_no_rollups_yet_is_said(self, viewer_client: Client) -> None:
+        data = viewer_client.get("/memory/history/?range=7d").json()
+        assert data["available"] is False and "no rollups yet" in data["reason"]
+        assert viewer_client.get("/memory/history/?range=1y").json()["available"] is False
+
+
+class TestLogs:
+    def test_the_logs_page_shows_the_ring_without_javascript(
+        self, viewer_client: Client, stub: RouterStub
+    ) -> None:
+        stub.logs = {"org/m:Q4_K_M": [{"time": 0.0, "stream": "stderr", "text": "<b>loading</b>"}]}
+        Preset.objects.create(name="org/m:Q4_K_M")
+        text = viewer_client.get("/logs/org/m:Q4_K_M/").content.decode()
+        assert "&lt;b&gt;loading&lt;/b&gt;" in text  # escaped
+        assert 'data-model="org/m:Q4_K_M"' in text
+        assert stub.of_kind("snapshot")[-1] == {"what": "logs", "model": "org/m:Q4_K_M"}

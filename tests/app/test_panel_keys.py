@@ -1,0 +1,93 @@
+"""API keys and users in the panel: keys shown once, last use, revoke; admins see and manage
+everyone's keys and the users' roles."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
+
+from models_app.models import ApiKey, hash_api_key
+from models_app.roles import Role, role_of
+from tests.app.test_panel_support import make_user
+
+pytest_plugins = ("tests.app.test_panel_support",)
+pytestmark = pytest.mark.django_db
+
+
+class TestKeys:
+    def test_a_new_key_is_shown_once_and_stored_hashed(self, viewer_client: Client) -> None:
+        response = viewer_client.post("/keys/", {"name": "laptop"})
+        assert response.status_code == 200
+        assert response["Cache-Control"] == "no-store"
+        secret = response.context["created"][1]
+        assert secret.startswith("rp-") and secret in response.content.decode()
+        key = ApiKey.objects.get()
+        assert key.hash == hash_api_key(secret) and key.owner.username == "vera"
+        again = viewer_client.get("/keys/").content.decode()
+        assert secret not in again and f"{key.prefix}…" in again and "never" in again
+
+    def test_a_name_in_use_is_a_field_error(self, viewer_client: Client, viewer: object) -> None:
+        ApiKey.objects.issue(viewer, "laptop")
+        response = viewer_client.post("/keys/", {"name": "laptop"})
+        assert response.status_code == 200
+        assert "already has an active key named" in response.content.decode()
+
+    def test_last_use_shows_and_a_user_sees_and_revokes_only_their_own(
+        self, viewer_client: Client, viewer: object
+    ) -> None:
+        mine, _ = ApiKey.objects.issue(viewer, "mine")
+        ApiKey.objects.filter(pk=mine.pk).update(last_used_at=timezone.now())
+        theirs, _ = ApiKey.objects.issue(make_user("bob", Role.VIEWER), "theirs")
+        text = viewer_client.get("/keys/").content.decode()
+        assert "mine" in text and "theirs" not in text and "never" not in text
+        assert viewer_client.post(f"/keys/{theirs.pk}/revoke/").status_code == 403
+        assert not ApiKey.objects.get(pk=theirs.pk).revoked
+        assert viewer_client.post(f"/keys/{mine.pk}/revoke/").status_code == 302
+        assert ApiKey.objects.get(pk=mine.pk).revoked
+
+    def test_admins_see_everyones_keys_and_issue_and_revoke_for_others(
+        self, admin_client: Client
+    ) -> None:
+        bob = make_user("bob", Role.VIEWER)
+        theirs, _ = ApiKey.objects.issue(bob, "theirs")
+        text = admin_client.get("/keys/").content.decode()
+        assert "theirs" in text and '<th scope="col">Owner</th>' in text
+        response = admin_client.post("/keys/", {"name": "ci", "owner": bob.pk})
+        assert response.status_code == 200
+        assert bob.api_keys.filter(name="ci").exists()
+        assert admin_client.post(f"/keys/{theirs.pk}/revoke/").status_code == 302
+        assert ApiKey.objects.get(pk=theirs.pk).revoked
+
+    def test_a_viewer_cannot_issue_a_key_for_someone_else(self, viewer_client: Client) -> None:
+        bob = make_user("bob", Role.VIEWER)
+        viewer_client.post("/keys/", {"name": "sneaky", "owner": bob.pk})
+        assert ApiKey.objects.get().owner.username == "vera"
+
+
+class TestUsers:
+    def test_an_admin_creates_a_user_with_a_role_and_changes_it(self, admin_client: Client) -> None:
+        response = admin_client.post(
+            "/users/", {"username": "carol", "password": "a-long-pass-phrase-9", "role": "operator"}
+        )
+        assert response.status_code == 302
+        carol = get_user_model().objects.get(username="carol")
+        assert role_of(carol) is Role.OPERATOR and carol.check_password("a-long-pass-phrase-9")
+        admin_client.post(f"/users/{carol.pk}/role/", {"role": "none"})
+        assert role_of(get_user_model().objects.get(pk=carol.pk)) is Role.NONE
+
+    def test_a_weak_password_and_a_taken_name_are_field_errors(self, admin_client: Client) -> None:
+        response = admin_client.post(
+            "/users/", {"username": "ada", "password": "123", "role": "viewer"}
+        )
+        text = response.content.decode()
+        assert response.status_code == 200
+        assert "That user name is taken." in text and "This password is too short." in text
+
+    def test_an_admin_cannot_change_their_own_role(
+        self, admin_client: Client, admin: object
+    ) -> None:
+        response = admin_client.post(f"/users/{admin.pk}/role/", {"role": "viewer"}, follow=True)
+        assert "You cannot change your own role" in response.content.decode()
+        assert role_of(get_user_model().objects.get(pk=admin.pk)) is Role.ADMIN

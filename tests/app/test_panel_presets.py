@@ -1,0 +1,233 @@
+"""The preset pages: the form with its field and row errors, clone, delete, pin, INI import and
+export. Each change is audited and makes the router reload its presets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from models_app.models import AuditEvent, AuditKind, Preset
+from models_app.views import common
+from tests.app.test_panel_support import RouterStub, model_row
+
+pytest_plugins = ("tests.app.test_panel_support",)
+pytestmark = pytest.mark.django_db
+
+
+def form(args: list[tuple[str, str]] = (), env: list[tuple[str, str]] = (), **fields: Any) -> dict:
+    """A preset form body as the browser posts it: fields plus two row formsets."""
+    body: dict[str, Any] = {
+        "name": "org/tiny:Q8_0", "aliases_text": "", "model_path": "/models/tiny.gguf",
+        "enabled": "on", "stop_timeout": "", "load_on_startup": "", "pinned": "", "ttl": "",
+        "load_timeout": "", "memory": "", "server_bin": "",
+    }  # fmt: skip
+    for prefix, rows in (("args", list(args)), ("env", list(env))):
+        rows = [*rows, ("", "")]
+        body |= {
+            f"{prefix}-TOTAL_FORMS": str(len(rows)),
+            f"{prefix}-INITIAL_FORMS": "0",
+            f"{prefix}-MIN_NUM_FORMS": "0",
+            f"{prefix}-MAX_NUM_FORMS": "1000",
+        }
+        for n, (key, value) in enumerate(rows):
+            body |= {f"{prefix}-{n}-key": key, f"{prefix}-{n}-value": value}
+    return body | fields
+
+
+class TestCreate:
+    def test_it_shows_field_errors_then_creates_the_preset(
+        self, admin_client: Client, panel_router: RouterStub
+    ) -> None:
+        bad = form(args=[("ctx-sizee", "4096")], name="org/tiny:q8_0", stop_timeout="-1")
+        response = admin_client.post("/presets/new/", bad)
+        assert response.status_code == 200
+        text = response.content.decode()
+        assert "use &#x27;org/tiny:Q8_0&#x27;" in text  # the model id, in llama.cpp's spelling
+        assert "llama-server has no option &#x27;ctx-sizee&#x27;" in text  # on its row
+        assert "Ensure this value is greater than or equal to 0." in text
+        assert 'value="ctx-sizee"' in text  # what was typed is kept
+        assert not Preset.objects.exists() and not panel_router.of_kind("reload")
+
+        good = form(args=[("ctx-size", "4096"), ("temp", "0.7")], aliases_text="tiny, small")
+        response = admin_client.post("/presets/new/", good | {"stop_timeout": "15", "memory": "2G"})
+        assert response.status_code == 302
+        preset = Preset.objects.get()
+        assert response["Location"] == f"/presets/{preset.pk}/"
+        assert preset.name == "org/tiny:Q8_0"
+        assert preset.args == [["ctx-size", "4096"], ["temp", "0.7"]]
+        assert (preset.aliases, preset.stop_timeout, preset.memory_estimate) == (
+            ["small", "tiny"],
+            15,
+            2 << 30,
+        )
+        assert preset.updated_by.username == "ada"
+        row = AuditEvent.objects.get(kind=AuditKind.PRESET_CREATED)
+        assert (row.model, row.actor) == ("org/tiny:Q8_0", "user:ada")
+        assert panel_router.of_kind("reload") == [{"actor": "user:ada"}]
+
+    def test_rows_reject_a_key_given_twice_and_options_with_their_own_field(
+        self, admin_client: Client, panel_router: RouterStub
+    ) -> None:
+        response = admin_client.post(
+            "/presets/new/", form(args=[("temp", "1"), ("temp", "2"), ("alias", "x")])
+        )
+        text = response.content.decode()
+        assert response.status_code == 200
+        assert "temp is given twice." in text
+        assert "alias has its own field" in text
+        assert not Preset.objects.exists()
+
+    def test_a_value_without_a_name_is_an_error_on_its_row(self, admin_client: Client) -> None:
+        response = admin_client.post("/presets/new/", form(env=[("", "1")]))
+        assert response.status_code == 200
+        assert "Give this value a name." in response.content.decode()
+
+    def test_the_form_offers_llama_cpp_option_names(self, admin_client: Client) -> None:
+        text = admin_client.get("/presets/new/").content.decode()
+        assert '<option value="ctx-size">' in text and '<option value="n-gpu-layers">' in text
+
+
+class TestEdit:
+    @pytest.fixture
+    def preset(self) -> Preset:
+        return Preset.objects.create(name="demo", model_path="/m/demo.gguf", args=[["temp", "1"]])
+
+    def test_a_running_model_says_it_will_restart_and_when(
+        self, admin_client: Client, panel_router: RouterStub, preset: Preset
+    ) -> None:
+        panel_router.models = [model_row("demo", "loaded", in_flight=2)]
+        text = admin_client.get(f"/presets/{preset.pk}/edit/").content.decode()
+        assert "demo is loaded with 2 requests in flight." in text
+        assert "once its in-flight requests finish" in text
+
+        panel_router.answers["reload"] = common.Answer(body={"restarted": ["demo"]})
+        response = admin_client.post(
+            f"/presets/{preset.pk}/edit/", form(args=[("temp", "0.2")], name="demo"), follow=True
+        )
+        assert "demo is running with the old command line: it restarts now" in (
+            response.content.decode()
+        )
+        preset.refresh_from_db()
+        assert preset.args == [["temp", "0.2"]]
+        row = AuditEvent.objects.get(kind=AuditKind.PRESET_CHANGED)
+        assert row.details["changes"]["args"] == [[["temp", "1"]], [["temp", "0.2"]]]
+
+    def test_an_idle_model_restarts_right_away(
+        self, admin_client: Client, panel_router: RouterStub, preset: Preset
+    ) -> None:
+        panel_router.models = [model_row("demo", "loaded")]
+        text = admin_client.get(f"/presets/{preset.pk}/edit/").content.decode()
+        assert "right away, as it is idle" in text
+
+    def test_the_router_being_down_is_said_after_saving(
+        self, admin_client: Client, panel_router: RouterStub, preset: Preset
+    ) -> None:
+        panel_router.down = True
+        response = admin_client.post(
+            f"/presets/{preset.pk}/edit/", form(name="demo", ttl="60"), follow=True
+        )
+        assert "The router did not take it yet (router unavailable)" in response.content.decode()
+        assert Preset.objects.get().ttl == 60
+
+    def test_clone_prefills_a_free_name_and_creates_a_copy(
+        self, admin_client: Client, panel_router: RouterStub, preset: Preset
+    ) -> None:
+        text = admin_client.get(f"/presets/{preset.pk}/clone/").content.decode()
+        assert 'value="demo-copy"' in text and 'value="temp"' in text
+        response = admin_client.post(
+            f"/presets/{preset.pk}/clone/", form(name="demo-copy", args=[("temp", "1")])
+        )
+        assert response.status_code == 302
+        assert sorted(Preset.objects.values_list("name", flat=True)) == ["demo", "demo-copy"]
+
+    def test_delete_asks_first_then_deletes_audits_and_reloads(
+        self, admin_client: Client, panel_router: RouterStub, preset: Preset
+    ) -> None:
+        assert b"Delete demo?" in admin_client.get(f"/presets/{preset.pk}/delete/").content
+        response = admin_client.post(f"/presets/{preset.pk}/delete/")
+        assert response.status_code == 302 and response["Location"] == "/presets/"
+        assert not Preset.objects.exists()
+        assert AuditEvent.objects.get(kind=AuditKind.PRESET_DELETED).model == "demo"
+        assert panel_router.of_kind("reload")
+
+    def test_an_operator_pins_a_model_and_it_is_audited(
+        self, operator_client: Client, panel_router: RouterStub, preset: Preset
+    ) -> None:
+        response = operator_client.post("/actions/model/", {"action": "pin", "model": "demo"})
+        assert response.status_code == 302
+        assert Preset.objects.get().pinned is True
+        row = AuditEvent.objects.get(kind=AuditKind.PRESET_CHANGED)
+        assert (row.actor, row.details["changes"]["pinned"]) == ("user:otto", [None, True])
+        assert panel_router.of_kind("reload") == [{"actor": "user:otto"}]
+
+
+INI = """\
+[*]
+ctx-size = 4096
+
+[alpha]
+model = /models/alpha.gguf
+
+[beta]
+model = /models/beta.gguf
+temp = 0.5
+"""
+
+
+class TestImportExport:
+    def test_a_preview_lists_the_changes_and_changes_nothing(
+        self, admin_client: Client, panel_router: RouterStub
+    ) -> None:
+        Preset.objects.create(name="alpha", model_path="/models/alpha.gguf")
+        Preset.objects.create(name="beta", model_path="/models/old.gguf")
+        response = admin_client.post(
+            "/presets/import/", {"text": INI.replace("[beta]", "[gamma]"), "preview": "1"}
+        )
+        text = response.content.decode()
+        assert response.status_code == 200
+        assert "Preview: 1 created, 0 updated, 1 unchanged" in text
+        assert "Apply these changes" in text
+        assert sorted(Preset.objects.values_list("name", flat=True)) == ["alpha", "beta"]
+        assert not AuditEvent.objects.exists() and not panel_router.of_kind("reload")
+
+    def test_applying_imports_audits_and_reloads(
+        self, admin_client: Client, panel_router: RouterStub
+    ) -> None:
+        Preset.objects.create(name="beta", model_path="/models/old.gguf")
+        response = admin_client.post("/presets/import/", {"text": INI, "apply": "1"}, follow=True)
+        assert "Imported: 1 created, 1 updated, 0 unchanged" in response.content.decode()
+        assert Preset.objects.get(name="beta").model_path == "/models/beta.gguf"
+        kinds = sorted(AuditEvent.objects.values_list("kind", "model"))
+        assert ("preset_changed", "beta") in kinds and ("preset_created", "alpha") in kinds
+        assert all(row.actor == "user:ada" for row in AuditEvent.objects.all())
+        assert panel_router.of_kind("reload") == [{"actor": "user:ada"}]
+
+    def test_an_uploaded_file_with_an_error_names_the_line_and_changes_nothing(
+        self, admin_client: Client
+    ) -> None:
+        from django.core.files.uploadedfile import SimpleUploadedFile
+
+        upload = SimpleUploadedFile("models.ini", b"[ok]\nctx-size = 1\n[broken\ntemp = 1\n")
+        response = admin_client.post("/presets/import/", {"file": upload, "preview": "1"})
+        text = response.content.decode()
+        assert response.status_code == 200
+        assert "The file has an error on line 3" in text
+        assert '<li class="bad"><span>3</span>[broken</li>' in text
+        assert not Preset.objects.exists()
+
+    def test_an_empty_import_asks_for_a_file(self, admin_client: Client) -> None:
+        response = admin_client.post("/presets/import/", {"text": "  ", "preview": "1"})
+        assert response.status_code == 200
+        assert "Choose a file or paste its text." in response.content.decode()
+
+    def test_export_full_and_llama_compatible(self, viewer_client: Client) -> None:
+        Preset.objects.create(name="plain", model_path="/m/plain.gguf", pinned=True)
+        Preset.objects.create(name="own-bin", server_bin="python -m sim")
+        full = viewer_client.get("/presets/export/")
+        assert full["Content-Disposition"] == 'attachment; filename="presets.ini"'
+        text = full.content.decode()
+        assert "[plain]" in text and "pinned = true" in text and "[own-bin]" in text
+        llama = viewer_client.get("/presets/export/?llama=1").content.decode()
+        assert "[plain]" in llama and "pinned" not in llama and "[own-bin]" not in llama

@@ -1,0 +1,103 @@
+"""The settings page: admins get a validated form whose changes are audited and sent to the
+router; everyone else reads the values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
+from tests.app.test_panel_support import RouterStub
+
+pytest_plugins = ("tests.app.test_panel_support",)
+pytestmark = pytest.mark.django_db
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    row = RouterSettings.load()
+    values = {
+        "models_max": row.models_max, "memory_budget": "", "memory_headroom": "",
+        "settle_timeout": row.settle_timeout, "max_waiters": "", "max_wait": "",
+        "default_stop_timeout": row.default_stop_timeout,
+        "quarantine_after": row.quarantine_after, "server_binary": row.server_binary,
+        "audit_retention_days": "",
+    }  # fmt: skip
+    return values | fields
+
+
+def test_a_change_is_validated_audited_and_sent_to_the_router(
+    admin_client: Client, panel_router: RouterStub
+) -> None:
+    response = admin_client.post("/settings/", body(models_max="-1", settle_timeout="601"))
+    text = response.content.decode()
+    assert response.status_code == 200
+    assert "Ensure this value is greater than or equal to 0." in text
+    assert "At most 600 seconds." in text
+    assert not AuditEvent.objects.exists() and not panel_router.of_kind("settings")
+
+    response = admin_client.post(
+        "/settings/", body(models_max="2", memory_budget="96G", max_wait="30"), follow=True
+    )
+    assert "Saved: max_wait, memory_budget, models_max." in response.content.decode()
+    row = RouterSettings.load()
+    assert (row.models_max, row.memory_budget, row.max_wait) == (2, 96 << 30, 30)
+    event = AuditEvent.objects.get(kind=AuditKind.SETTINGS_CHANGED)
+    assert event.actor == "user:ada"
+    assert event.details["changes"]["models_max"] == [4, 2]
+    assert panel_router.of_kind("settings") == [{"actor": "user:ada"}]
+
+
+def test_saving_unchanged_settings_writes_no_audit_row(
+    admin_client: Client, panel_router: RouterStub
+) -> None:
+    response = admin_client.post("/settings/", body(), follow=True)
+    assert "Nothing changed." in response.content.decode()
+    assert not AuditEvent.objects.exists() and not panel_router.of_kind("settings")
+
+
+def test_a_budget_too_small_for_a_preset_or_its_headroom_is_refused(
+    admin_client: Client, panel_router: RouterStub
+) -> None:
+    Preset.objects.create(name="big", memory_estimate=40 << 30)
+    response = admin_client.post("/settings/", body(memory_budget="32G", memory_headroom="40G"))
+    text = response.content.decode()
+    assert "big needs 40G plus the headroom: with this budget it could never load." in text
+    assert "The headroom must be smaller than the budget." in text
+    assert RouterSettings.load().memory_budget is None
+
+
+def test_fewer_slots_than_load_on_startup_presets_is_refused(
+    admin_client: Client, panel_router: RouterStub
+) -> None:
+    for name in ("a", "b"):
+        Preset.objects.create(name=name, load_on_startup=True)
+    response = admin_client.post("/settings/", body(models_max="1"))
+    assert "2 presets load on startup" in response.content.decode()
+
+
+def test_a_size_must_be_readable(admin_client: Client, panel_router: RouterStub) -> None:
+    response = admin_client.post("/settings/", body(memory_budget="lots"))
+    assert "Write a size such as 8G" in response.content.decode()
+
+
+@pytest.mark.parametrize("who", ["viewer_client", "operator_client"])
+def test_others_read_the_values_but_get_no_form(
+    who: str, request: pytest.FixtureRequest, panel_router: RouterStub
+) -> None:
+    client: Client = request.getfixturevalue(who)
+    response = client.get("/settings/")
+    text = response.content.decode()
+    assert response.status_code == 200
+    assert 'id="settings-readonly"' in text and "<dt>Max running models</dt>" in text
+    assert '<form method="post" class="card"' not in text and 'name="models_max"' not in text
+    assert client.post("/settings/", body(models_max="1")).status_code == 403
+    assert RouterSettings.load().models_max == 4
+
+
+def test_a_command_line_override_is_pointed_out(
+    admin_client: Client, panel_router: RouterStub
+) -> None:
+    text = admin_client.get("/settings/").content.decode()  # the stub runs with models_max 2
+    assert "The router runs with max 2 models" in text
