@@ -140,7 +140,10 @@ def chromium_path() -> Path:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: Playwright's sync API keeps an event loop running in the main
+# thread while it is open, and every later tier that starts a loop (asyncio.run, pytest-asyncio)
+# would fail with "cannot be called from a running event loop". Close it when the tier ends.
+@pytest.fixture(scope="package")
 def browser(chromium_path: Path) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
@@ -152,7 +155,7 @@ def browser(chromium_path: Path) -> Iterator[Any]:
         chromium.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def server(chromium_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PanelServer]:
     panel = PanelServer(tmp_path_factory.mktemp("panel")).start()
     yield panel
