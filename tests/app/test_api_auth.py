@@ -166,26 +166,28 @@ class TestKeyStoreCache:
             await empty.authenticate({})  # no static key and no database: nobody
 
 
+@pytest.fixture
+async def db_client(
+    router: FakeRouter, layer: InMemoryChannelLayer, simserver
+) -> AsyncIterator[AsgiClient]:
+    """The API with keys read from the test database (the real KeyStore), model "m" loaded."""
+    auth.connect_signals()
+    router.add("m", Grant(simserver.port), status="loaded")
+    app = Api(
+        django_stand_in,
+        router=RouterClient(layer, timeout=1.0),
+        keys=KeyStore(ttl=60),
+        config=ApiConfig(),
+    )
+    yield AsgiClient(app)
+    await app.aclose()
+
+
 @pytest.mark.django_db(transaction=True)
 class TestDatabaseKeys:
     @pytest.fixture
     def alice(self) -> object:
         return get_user_model().objects.create_user("alice", password="pw-for-tests-only")
-
-    @pytest.fixture
-    async def db_client(
-        self, router: FakeRouter, layer: InMemoryChannelLayer, simserver
-    ) -> AsyncIterator[AsgiClient]:
-        auth.connect_signals()
-        router.add("m", Grant(simserver.port), status="loaded")
-        app = Api(
-            django_stand_in,
-            router=RouterClient(layer, timeout=1.0),
-            keys=KeyStore(ttl=60),
-            config=ApiConfig(),
-        )
-        yield AsgiClient(app)
-        await app.aclose()
 
     async def test_a_users_key_is_stored_hashed_and_works(
         self, db_client: AsgiClient, router: FakeRouter, alice: object
@@ -229,21 +231,6 @@ class TestDatabaseKeys:
 @pytest.mark.django_db(transaction=True)
 class TestKeyRoles:
     """Loading and unloading need the operator role, through the API too (issue 6 item 1)."""
-
-    @pytest.fixture
-    async def db_client(
-        self, router: FakeRouter, layer: InMemoryChannelLayer, simserver
-    ) -> AsyncIterator[AsgiClient]:
-        auth.connect_signals()
-        router.add("m", Grant(simserver.port), status="loaded")
-        app = Api(
-            django_stand_in,
-            router=RouterClient(layer, timeout=1.0),
-            keys=KeyStore(ttl=60),
-            config=ApiConfig(),
-        )
-        yield AsgiClient(app)
-        await app.aclose()
 
     async def _key_of(self, username: str, role: str | None) -> str:
         from models_app.roles import GROUPS, set_role
