@@ -301,6 +301,23 @@ class AuditMapper:
             )
         )
 
+    def queue_cancelled(self, seq: int, t: float, d: dict[str, Any]) -> None:
+        ids = d.get("request_ids") or []
+        what = "every queued request" if d.get("by_model") else "a queued request"
+        self._emit(
+            _row(
+                seq,
+                t,
+                AuditKind.QUEUE_CANCELLED,
+                model=d.get("model") or "",
+                actor=d.get("actor") or "",
+                trigger_request=ids[0] if len(ids) == 1 else "",
+                queue_depth=len(ids),
+                reason=f"{what} cancelled by an operator ({len(ids)} answered 499)",
+                details={"request_ids": ids, "by_model": bool(d.get("by_model"))},
+            )
+        )
+
     def router_started(self, seq: int, t: float, d: dict[str, Any]) -> None:
         leftovers = d.get("leftovers") or []
         if not leftovers:
@@ -326,12 +343,15 @@ class AuditMapper:
         if not new:
             return
         first = new[0]
+        waiter = (first.get("requests") or [{}])[0]  # who made the entry: its oldest waiter
         self._emit(
             _row(
                 seq,
                 t,
                 AuditKind.LOAD_REQUESTED,
                 model=first["model"],
+                actor=waiter.get("actor") or "",
+                trigger_request=waiter.get("request_id") or "",
                 queue_depth=d.get("depth"),
                 memory_before=self._used(),
                 reason=f"queued at position {first['position']} until a slot is free",

@@ -19,6 +19,7 @@ Messages (web → router, channel ``router``)::
     router.cancel   {request_id}
     router.load     {request_id, model, reply_channel, actor}
     router.unload   {request_id, model, reply_channel, actor}
+    router.cancel_queued {request_id, reply_channel, actor, model | queued_request}
     router.reload   {request_id, reply_channel, actor, sources}  (sources: re-read INI/dir)
     router.snapshot {request_id, reply_channel}
     router.settings {request_id, reply_channel, actor}
@@ -78,7 +79,7 @@ class CancelMessage(TypedDict):
 
 
 class CallMessage(TypedDict, total=False):
-    type: str  # router.load / router.unload / router.reload / router.snapshot / router.settings
+    type: str  # router.load / unload / cancel_queued / reload / snapshot / settings
     request_id: str
     reply_channel: str
     model: str

@@ -12,7 +12,8 @@ accepted), then joins the router's events group and sends, in order:
 The browser checks ``seq``: an event that is not the next one means it missed some (channel
 layers drop messages for slow readers, STYLE 14) and it sends ``{"type": "resync"}`` for a new
 snapshot. Other messages from the browser: ``{"type": "logs", "model"}`` (that model's log
-ring) and ``{"type": "action", "id", "action": load|unload|pin|unpin, "model"}`` — operators only,
+ring) and ``{"type": "action", "id", "action": load|unload|pin|unpin|cancel, "model",
+"request_id"?}`` (cancel: the model's queued requests, or just that one) — operators only,
 checked against the database on every message, answered with ``{"type": "action_result"}``.
 
 Audit rows are written by the router's batch writer and by the web side, possibly in another
@@ -140,14 +141,16 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         action, model = content.get("action"), content.get("model")
         self.role = await database_sync_to_async(fresh_role)(self.user)
         if self.role < Role.OPERATOR:
-            await self._action_result(request_id, False, "forbidden: only operators and admins "
-                                      "may load, unload or pin models", forbidden=True)  # fmt: skip
+            text = "forbidden: only operators and admins may load, unload, pin or cancel"
+            await self._action_result(request_id, False, text, forbidden=True)
             return
         if action not in actions.ACTIONS or not isinstance(model, str) or not model:
             await self._action_result(request_id, False, "choose a model and an action")
             return
+        queued = content.get("request_id")
         actor = audit.actor_of(self.user)
-        outcome = await actions.run(action, model, actor, self.user.pk)
+        queued = queued if isinstance(queued, str) else ""
+        outcome = await actions.run(action, model, actor, self.user.pk, queued)
         await self._action_result(request_id, outcome.ok, outcome.message, pending=outcome.pending)
 
     async def _action_result(self, request_id: Any, ok: bool, message: str, **flags: Any) -> None:

@@ -438,6 +438,7 @@ class AuditKind(models.TextChoices):
     STUCK = "stuck", "stuck"
     QUARANTINE = "quarantine", "quarantine"
     LEASE_EXPIRED = "lease_expired", "lease expired"
+    QUEUE_CANCELLED = "queue_cancelled", "queued request cancelled"
     LEFTOVER_KILLED = "leftover_killed", "leftover child killed"
     PRESET_CREATED = "preset_created", "preset created"
     PRESET_CHANGED = "preset_changed", "preset changed"

@@ -210,6 +210,17 @@ class RouterHost:
         await self._engine.unload(message["model"], actor=message.get("actor", ""))
         return {"success": True}
 
+    def router_cancel_queued(self, message: dict[str, Any]) -> None:
+        self._call(message, self._cancel_queued)
+
+    async def _cancel_queued(self, message: dict[str, Any]) -> dict[str, Any]:
+        ids = await self._engine.cancel_queued(
+            model=message.get("model"),
+            request_id=message.get("queued_request"),
+            actor=message.get("actor", ""),
+        )
+        return {"success": True, "cancelled": ids}
+
     def router_reload(self, message: dict[str, Any]) -> None:
         self._call(message, self._reload)
 

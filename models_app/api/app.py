@@ -17,6 +17,7 @@ path                           methods         handler
 /models, /v1/models            GET             routes.list_models (``?reload=``)
 /models                        POST, DELETE    routes.downloads_unsupported (501)
 /models/load, /models/unload   POST            routes.load, routes.unload
+/models/cancel                 POST            routes.cancel_queued (ours: queued → 499)
 /models/sse                    GET             sse.stream_events
 /metrics                       GET             routes.metrics (Prometheus; ``?model=`` → proxy)
 /tools, /cors-proxy            GET, POST       routes.feature_disabled (403)
@@ -80,6 +81,7 @@ def route_table() -> dict[str, dict[str, Route]]:
     add(("/models",), ("POST", "DELETE"), Route(routes.downloads_unsupported))
     add(("/models/load",), ("POST",), Route(routes.load))
     add(("/models/unload",), ("POST",), Route(routes.unload))
+    add(("/models/cancel",), ("POST",), Route(routes.cancel_queued))
     add(("/models/sse",), ("GET",), Route(sse.stream_events))
     add(("/tools", "/cors-proxy"), ("GET", "POST"), Route(routes.feature_disabled))
     add(("/metrics",), ("GET",), Route(routes.metrics))  # ?model= still proxies (§8.2)

@@ -79,20 +79,44 @@ async def unload(api: Api, request: Request) -> None:
     await request.respond_json(await api.router.call("unload", model=model, actor=request.actor))
 
 
+async def cancel_queued(api: Api, request: Request) -> None:
+    """RouterPanel's own: reject queued requests with 499 (operator role).
+
+    Body ``{"model": "x"}`` cancels every request waiting for x; ``{"request_id": "r"}`` the one
+    with that ``X-Request-Id``. Answers ``{"success": true, "cancelled": [ids]}``, or 404 when
+    nothing matching waits. Running requests are not touched (unload stops those).
+    """
+    data = await _json_of(api, request)
+    model, request_id = data.get("model"), data.get("request_id")
+    if not isinstance(model, str | None) or not isinstance(request_id, str | None):
+        raise ApiError(400, "'model' and 'request_id' must be strings")
+    if bool(model) == bool(request_id):
+        raise ApiError(400, "give exactly one of 'model' or 'request_id'")
+    _check_operator(api, request)
+    target = {"model": model} if model else {"queued_request": request_id}
+    answer = await api.router.call("cancel_queued", actor=request.actor, **target)
+    await request.respond_json(answer)
+
+
 def _check_operator(api: Api, request: Request) -> None:
-    """Loading and unloading are the operator's (DESIGN §5): a viewer's key may only use."""
+    """Loading, unloading and cancelling are the operator's (DESIGN §5): a viewer's key may
+    only use."""
     if not api.keys.may_operate(request.actor):
         raise ApiError(403, "this API key's owner may not load or unload models (operator role)")
 
 
 async def _model_of(api: Api, request: Request) -> str:
+    model = (await _json_of(api, request)).get("model")
+    return model if isinstance(model, str) else ""
+
+
+async def _json_of(api: Api, request: Request) -> dict[str, Any]:
     body = await request.read_body(api.config.max_body_bytes)
     try:
         data: Any = json.loads(body)
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
-    model = data.get("model") if isinstance(data, dict) else None
-    return model if isinstance(model, str) else ""
+    return data if isinstance(data, dict) else {}
 
 
 async def downloads_unsupported(api: Api, request: Request) -> None:

@@ -1,7 +1,8 @@
-"""Operator actions on models — load, unload, pin, unpin — shared by the form POSTs and the
-WebSocket (both check the role before calling in here).
+"""Operator actions on models — load, unload, pin, unpin, cancel — shared by the form POSTs and
+the WebSocket (both check the role before calling in here).
 
-Load and unload go to the router as the acting user (its audit rows name them). Pinning is a
+Load and unload go to the router as the acting user (its audit rows name them). Cancel rejects
+the model's queued requests (or the one named by ``request_id``) with 499. Pinning is a
 preset change: the preset row is updated and audited, then the router reloads its presets — a
 pin does not change the command line, so the model keeps running (A14).
 """
@@ -17,7 +18,7 @@ from models_app.models import Preset
 from models_app.views import common
 from models_app.views.common import ACTION_WAIT, Answer
 
-ACTIONS = ("load", "unload", "pin", "unpin")
+ACTIONS = ("load", "unload", "pin", "unpin", "cancel")
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,20 @@ class Outcome:
     pending: bool = False
 
 
-async def run(action: str, model: str, actor: str, user_id: int | None) -> Outcome:
+async def run(
+    action: str, model: str, actor: str, user_id: int | None, request_id: str = ""
+) -> Outcome:
     """Carry out ``action`` on ``model``; wait at most ACTION_WAIT for the router."""
     from asgiref.sync import sync_to_async
 
     if action not in ACTIONS:
         return Outcome(False, f"unknown action {action!r}")
+    if action == "cancel":
+        target = {"queued_request": request_id} if request_id else {"model": model}
+        answer = await common.call_router("cancel_queued", ACTION_WAIT, actor=actor, **target)
+        n = len((answer.body or {}).get("cancelled") or [])
+        what = f"request {request_id}" if request_id else f"{n} queued request{'s' * (n != 1)}"
+        return _outcome(answer, f"{model}: cancelled {what}", f"{model}: cancelling")
     if action in ("pin", "unpin"):
         error = await sync_to_async(set_pinned)(model, action == "pin", actor, user_id)
         if error:

@@ -50,6 +50,8 @@ def model_cards(snap: dict[str, Any] | None, presets: dict[str, Preset]) -> list
         for row in snap.get("models", []):
             preset = presets.get(row["name"])
             cards.append(_flags(row | _preset_facts(preset)))
+            since = row.get("state_since")
+            cards[-1]["in_state"] = max(0.0, time.time() - since) if since else None
         return cards
     return [
         _flags({"name": p.name, "state": "unknown", "pinned": bool(p.pinned), **_preset_facts(p)})
@@ -76,22 +78,36 @@ def _preset_facts(preset: Preset | None) -> dict[str, Any]:
     return {"preset_id": preset.pk, "estimate": preset.memory_estimate or preset.gguf_estimate}
 
 
+QUEUE_SHOWN = 5  # requests listed under each queue entry; the rest are counted
+
+
 def queue_rows(snap: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Queue entries with how long they waited, and their oldest requests (each cancellable)."""
     now = time.time()
-    rows = (snap or {}).get("queue") or []
-    return [row | {"waiting": max(0.0, now - (row.get("since") or now))} for row in rows]
+    rows = []
+    for row in (snap or {}).get("queue") or []:
+        requests = [
+            r | {"waiting": max(0.0, now - (r.get("since") or now))}
+            for r in (row.get("requests") or [])[:QUEUE_SHOWN]
+        ]
+        more = max(0, int(row.get("waiters") or 0) - len(requests))
+        waiting = max(0.0, now - (row.get("since") or now))
+        rows.append(row | {"waiting": waiting, "shown": requests, "more": more})
+    return rows
 
 
 @require_POST
 @require(Role.OPERATOR)
 def model_action(request: HttpRequest) -> HttpResponse:
-    """Load, unload, pin or unpin a model from a form (the no-JavaScript path)."""
+    """Load, unload, pin, unpin or cancel queued requests from a form (the no-JavaScript path)."""
     action, model = request.POST.get("action", ""), request.POST.get("model", "")
+    request_id = request.POST.get("request_id", "")
     if action not in actions.ACTIONS or not model:
         messages.error(request, "Choose a model and an action.")
     else:
         actor = audit.actor_of(request.user)
-        outcome = async_to_sync(actions.run)(action, model, actor, request.user.pk)
+        run = async_to_sync(actions.run)
+        outcome = run(action, model, actor, request.user.pk, request_id)
         if not outcome.ok:
             messages.error(request, f"{model}: {outcome.message}")
         elif outcome.pending:

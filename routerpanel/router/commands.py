@@ -111,6 +111,16 @@ class Unload:
 
 
 @dataclass(eq=False)
+class CancelQueued:
+    """An operator rejects queued requests: one by id, or every waiter of one model's entry."""
+
+    model: str | None
+    request_id: str | None
+    actor: str
+    future: asyncio.Future[list[str]]
+
+
+@dataclass(eq=False)
 class Reload:
     presets: tuple[PresetSpec, ...]
     actor: str
@@ -151,6 +161,7 @@ Command = (
     | Leave
     | Release
     | Unload
+    | CancelQueued
     | Reload
     | UpdateSettings
     | Shutdown

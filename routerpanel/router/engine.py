@@ -88,7 +88,8 @@ class Engine:
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             commands.Acquire: self._on_acquire, commands.Leave: self._on_leave,
             commands.Release: self._on_release, commands.Unload: self._on_unload,
-            commands.Reload: self._on_reload, commands.UpdateSettings: self._on_settings,
+            commands.CancelQueued: self._on_cancel_queued, commands.Reload: self._on_reload,
+            commands.UpdateSettings: self._on_settings,
             commands.Shutdown: self._on_shutdown, commands.Tick: self._on_tick,
             commands.MemorySampled: self._on_memory, supervisor.LogLine: self._on_log,
             supervisor.ChildStarted: self._on_started, supervisor.ChildState: self._on_state,
@@ -171,6 +172,20 @@ class Engine:
         name = self._require(model, 400, "invalid_request_error")
         done: asyncio.Future[None] = self._future()
         await self._call(commands.Unload(name, actor, done), done)
+
+    async def cancel_queued(
+        self, *, model: str | None = None, request_id: str | None = None, actor: str = ""
+    ) -> list[str]:
+        """Reject queued requests with 499: one by request id, or all of a model's entry.
+
+        Returns the cancelled request ids; raises RouterError 404 when nothing waits there.
+        Requests already granted are running and are not touched (unload stops those).
+        """
+        if (model is None) == (request_id is None):
+            raise RouterError(400, "invalid_request_error", "give either model or request_id")
+        name = self._require(model, 404, "not_found_error") if model is not None else None
+        result: asyncio.Future[list[str]] = self._future()
+        return await self._call(commands.CancelQueued(name, request_id, actor, result), result)
 
     async def reload(
         self, presets: Iterable[PresetSpec], *, actor: str = ""
@@ -298,6 +313,22 @@ class Engine:
         self._apply(out)
         resolve(cmd.future, None)
 
+    def _on_cancel_queued(self, cmd: commands.CancelQueued) -> None:
+        actor, now = cmd.actor or "anonymous", self._clock()
+        out = self._scheduler.cancel_waiting(
+            now=now, actor=actor, model=cmd.model, request_id=cmd.request_id
+        )
+        rejects = [d for d in out if isinstance(d, events.Reject)]
+        if not rejects:
+            where = f"model '{cmd.model}'" if cmd.model else f"id '{cmd.request_id}'"
+            text = f"no queued request for {where}"
+            return fail(cmd.future, RouterError(404, "not_found_error", text))
+        ids = [d.request_id for d in rejects]
+        data = {"model": rejects[0].model, "request_ids": ids, "actor": actor}
+        self._emit("queue.cancelled", data | {"by_model": cmd.model is not None})
+        self._apply(out)
+        resolve(cmd.future, ids)
+
     def _on_reload(self, cmd: commands.Reload) -> None:
         actor = cmd.actor or "anonymous"
         try:
@@ -402,6 +433,7 @@ class Engine:
             if isinstance(decision, events.StateChanged):  # paired with the action after it
                 data = feed.state_data(decision, pending[0] if pending else None)
                 extra = note[1] if note is not None and note[0] == decision.model else {}
+                self._facts.child(decision.model).state_since = time.time()
                 self._emit("model.state", data | extra)
             else:
                 pending.extend(self._act(decision))

@@ -124,6 +124,16 @@ class StateChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class WaiterView:
+    """One request waiting in a queue entry: what an operator sees before cancelling it."""
+
+    request_id: str
+    kind: RequestKind
+    actor: str
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
 class QueueEntryView:
     """One queue entry: one model, the requests that wait for it (A2)."""
 
@@ -134,6 +144,7 @@ class QueueEntryView:
     since: float  # when its oldest current waiter arrived (or the entry was made)
     starting: bool  # its model is loading for it: no slot needed any more
     restart: bool  # held by a reload restart (A14), even with no waiters
+    requests: tuple[WaiterView, ...] = ()  # the oldest waiters, at most QUEUE_VIEW_REQUESTS
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from routerpanel.router.supervisor import ChildExited, ChildReady, ChildStarted,
 class ChildFacts:
     """What the engine knows of a model's process beyond the scheduler's table."""
 
+    state_since: float | None = None  # wall clock of its last state or stopping change
     argv: tuple[str, ...] = ()
     pid: int | None = None
     port: int | None = None
@@ -60,9 +61,12 @@ class Facts:
     def __init__(self, ring: int) -> None:
         self._children: dict[str, ChildFacts] = {}
         self.memory: deque[MemorySample] = deque(maxlen=ring)
+        self.since = time.time()  # every model is unloaded since the engine was made
 
     def child(self, name: str) -> ChildFacts:
-        return self._children.setdefault(name, ChildFacts())
+        if (child := self._children.get(name)) is None:
+            child = self._children[name] = ChildFacts(self.since)
+        return child
 
     def spawning(self, name: str, argv: tuple[str, ...]) -> None:
         child = self.child(name)
@@ -103,7 +107,7 @@ class Facts:
     ) -> dict[str, Any]:
         entries, latest = {e.model: e for e in queue}, self.latest
         models = [
-            model_data(v, spec_of(v.name), self._children.get(v.name) or ChildFacts(),
+            model_data(v, spec_of(v.name), self._children.get(v.name) or ChildFacts(self.since),
                        entries.get(v.name), latest, wall)
             for v in views
         ]  # fmt: skip
@@ -252,6 +256,15 @@ def queue_data(entries: Iterable[QueueEntryView], wall: Callable[[float], float]
             "since": wall(e.since),
             "starting": e.starting,
             "restart": e.restart,
+            "requests": [
+                {
+                    "request_id": w.request_id,
+                    "kind": w.kind.value,
+                    "actor": w.actor,
+                    "since": wall(w.since),
+                }
+                for w in e.requests
+            ],
         }
         for e in entries
     ]
@@ -334,6 +347,7 @@ def model_data(
         "name": view.name,
         "aliases": list(spec.aliases) if spec else [],
         "state": view.state.value,
+        "state_since": child.state_since,
         "status": view.api_status,
         "failed": view.failed,
         "stopping": view.stopping,

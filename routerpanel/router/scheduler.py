@@ -14,6 +14,7 @@ Inputs (all keyword ``now``):
   child_exited(model, exit_code, log_tail=)   the child was reaped (exit_code None: never started)
   child_stuck(model)              the group survived SIGKILL past the grace period (S6)
   unload(model, actor=)           an explicit unload; raises NotRunningError if nothing runs
+  cancel_waiting(actor=, model=, request_id=)   an operator rejects queued requests (499)
   reload(presets, actor=)         new presets (A14)
   settings_changed(config)        new RouterConfig
   memory_sample(available)        available bytes, for the settle gate (memory mode)
@@ -77,6 +78,7 @@ from routerpanel.router.events import (
     Stop,
     StopReason,
     Trigger,
+    WaiterView,
 )
 from routerpanel.router.states import (
     DOWN,
@@ -95,6 +97,7 @@ from routerpanel.router.states import (
 )
 
 RETRY_AFTER = 5  # seconds suggested to clients turned away by a queue limit (A8)
+QUEUE_VIEW_REQUESTS = 20  # waiters listed per entry in queue(): views stay O(entries)
 ChildState = Literal["loading", "ready", "sleeping"]
 
 
@@ -130,6 +133,8 @@ class _Waiter:
 
 @dataclass(slots=True)
 class _Entry:
+    """One model's place in the queue; ``waiters`` are in arrival order, so oldest first."""
+
     ticket: int
     model: str
     since: float
@@ -323,6 +328,31 @@ class Scheduler:
         self._cancel_entry(model, 400, "invalid_request_error", text)
         return self._end(now)
 
+    def cancel_waiting(
+        self, *, now: float, actor: str, model: str | None = None, request_id: str | None = None
+    ) -> list[Decision]:
+        """Reject queued requests for an operator: one by id, or all of a model's entry.
+
+        Each gets 499 ``cancelled`` (a status clients do not retry, unlike 503). Granted
+        requests are running and untouched; a reload restart's hold on the entry stays (A14).
+        Returns no Reject when nothing matched; the caller tells the operator.
+        """
+        if (model is None) == (request_id is None):
+            raise ValueError("cancel_waiting takes exactly one of model or request_id")
+        self._begin()
+        if request_id is not None:
+            entry = self._waiting.get(request_id)
+            chosen = [w for w in entry.waiters if w.request_id == request_id] if entry else []
+        else:
+            entry = self._entry_for(model or "")
+            chosen = list(entry.waiters) if entry else []
+        for w in chosen:
+            assert entry is not None
+            self._leave(w.request_id)
+            text = f"the request was cancelled by {actor} while queued for model name={entry.model}"
+            self._reject(w, entry.model, 499, "cancelled", text)
+        return self._end(now)
+
     def reload(self, presets: Iterable[PresetSpec], *, now: float, actor: str) -> list[Decision]:
         """Reconcile with new presets; restart only running models whose command changed (A14).
 
@@ -452,16 +482,22 @@ class Scheduler:
 
     def _view(self, position: int, e: _Entry) -> QueueEntryView:
         m = self._models[e.model]
-        since = min((w.since for w in e.waiters), default=e.since)
+        since = e.waiters[0].since if e.waiters else e.since  # arrival order: oldest first
         starting = self._fresh(m) and m.state is LOADING
         restart = e.restart_by is not None
-        return QueueEntryView(e.ticket, e.model, position, len(e.waiters), since, starting, restart)
+        head = tuple(
+            WaiterView(w.request_id, w.kind, w.actor, w.since)
+            for w in e.waiters[:QUEUE_VIEW_REQUESTS]
+        )
+        n = len(e.waiters)
+        return QueueEntryView(e.ticket, e.model, position, n, since, starting, restart, head)
 
     def next_deadline(self) -> float | None:
         """Return when tick() next has work (max wait, ttl, settle timeout); never poll."""
         times = [m.last_used + (m.spec.ttl or 0) for m in self._ttl_candidates()]
         if self._config.max_wait is not None:
-            times += [w.since + self._config.max_wait for e in self._queue for w in e.waiters]
+            oldest = (e.waiters[0].since for e in self._queue if e.waiters)  # arrival order
+            times += [since + self._config.max_wait for since in oldest]
         if self._settle_since is not None:
             times.append(self._settle_since + self._config.settle_timeout)
         return min(times, default=None)

@@ -20,7 +20,8 @@
 
   const canOperate = root.dataset.canOperate === "1";
   const models = new Map(); // name -> snapshot row (kept current by events)
-  const since = new Map(); // name -> [state, wall time it entered it]
+  const since = new Map(); // name -> [state key, wall time it entered it]
+  const QUEUE_SHOWN = 5; // requests listed under each queue entry (as the server renders it)
   let presets = {};
   let queue = [];
   let config = {};
@@ -131,9 +132,14 @@
     return parts.join(", ");
   }
 
+  function stateKey(state, stopping) {
+    return `${state}${stopping ? "+stopping" : ""}`;
+  }
+
   function tickCard(el, m) {
     const entered = since.get(m.name);
-    const text = entered && entered[0] === m.state ? `for ${seconds(Date.now() / 1000 - entered[1])}` : "";
+    const current = entered && entered[0] === stateKey(m.state, m.stopping);
+    const text = current ? `for ${seconds(Math.max(0, Date.now() / 1000 - entered[1]))}` : "";
     setText(el, "since", text);
     const used = field(el, "last_used");
     setText(el, "last_used", ago(Number(used.dataset.epoch) || null));
@@ -156,8 +162,7 @@
       const m = Object.assign({}, row, { note: old.state === row.state ? old.note : null, lastline: old.lastline });
       models.set(row.name, m);
       seen.add(row.name);
-      if (!since.has(row.name) && row.state === "loaded" && row.loaded_at) markSince(row.name, "loaded", row.loaded_at);
-      else if (!since.has(row.name) && DOWN.has(row.state) && !row.last_exit) since.delete(row.name);
+      if (row.state_since) since.set(row.name, [stateKey(row.state, row.stopping), row.state_since]);
       render(m);
     }
     for (const [name] of models) {
@@ -201,7 +206,7 @@
         m.note = null;
       }
       if (down) Object.assign(m, { pid: null, port: null, memory: null, in_flight: 0 });
-      markSince(d.model, d.to, ev.time);
+      markSince(d.model, stateKey(d.to, d.stopping), ev.time);
       render(m);
       scheduleRefresh();
     },
@@ -304,13 +309,70 @@
     }
     for (const entry of queue) {
       const tr = body.insertRow();
+      tr.className = "queue-entry";
+      tr.dataset.model = entry.model;
       const status = entry.starting ? "starting" : entry.restart ? "restart" : "waiting";
       for (const text of [entry.position, entry.model, entry.waiters, "", status]) {
         tr.insertCell().textContent = String(text);
       }
+      renderWaiters(tr.cells[2], entry);
       tr.cells[3].dataset.epochSince = entry.since;
+      if (canOperate && entry.waiters) {
+        tr.cells[4].append(" ", cancelForm(entry.model, "", "Cancel all", `Cancel every queued request for ${entry.model}`));
+      }
     }
     tickQueue();
+  }
+
+  function renderWaiters(cell, entry) {
+    const shown = (entry.requests || []).slice(0, QUEUE_SHOWN);
+    if (!shown.length) return;
+    const list = document.createElement("ul");
+    list.className = "waiters";
+    for (const r of shown) {
+      const li = document.createElement("li");
+      li.dataset.requestId = r.request_id;
+      const code = document.createElement("code");
+      code.title = "request id";
+      code.textContent = r.request_id.length > 18 ? `${r.request_id.slice(0, 17)}…` : r.request_id;
+      const actor = document.createElement("span");
+      actor.className = "actor";
+      actor.textContent = r.actor;
+      li.append(code, " ", actor);
+      if (r.kind === "load") {
+        const badge = document.createElement("span");
+        badge.className = "badge";
+        badge.textContent = "load";
+        li.append(" ", badge);
+      }
+      const waited = document.createElement("span");
+      waited.className = "muted";
+      waited.dataset.epochSince = r.since;
+      li.append(" ", waited);
+      if (canOperate) li.append(" ", cancelForm(entry.model, r.request_id, "Cancel", `Cancel request ${r.request_id}`));
+      list.appendChild(li);
+    }
+    const more = entry.waiters - shown.length;
+    if (more > 0) {
+      const li = document.createElement("li");
+      li.className = "muted";
+      li.textContent = `and ${more} more`;
+      list.appendChild(li);
+    }
+    cell.appendChild(list);
+  }
+
+  // A cancel form like the server renders: it posts without JavaScript, over the socket with it.
+  function cancelForm(model, requestId, label, aria) {
+    const form = document.getElementById("cancel-template").content.firstElementChild.cloneNode(true);
+    form.querySelector('input[name="model"]').value = model;
+    form.querySelector('input[name="request_id"]').value = requestId;
+    const button = form.querySelector("button");
+    button.textContent = label;
+    button.setAttribute("aria-label", aria);
+    if (!requestId) button.className = "danger";
+    bindCancel(form);
+    return form;
   }
 
   function tickQueue() {
@@ -551,6 +613,22 @@
   }
 
   for (const el of root.querySelectorAll(".model-card")) bindActions(el);
+
+  function bindCancel(form) {
+    form.addEventListener("submit", async (e) => {
+      if (!live.isOpen()) return; // no socket: the form posts as usual
+      e.preventDefault();
+      const model = form.querySelector('input[name="model"]').value;
+      const requestId = form.querySelector('input[name="request_id"]').value;
+      const button = form.querySelector("button");
+      button.disabled = true;
+      const result = await live.action("cancel", model, requestId ? { request_id: requestId } : {});
+      button.disabled = false;
+      toast(result.ok ? result.message : `${model}: ${result.message}`, result.ok ? "ok" : "error");
+    });
+  }
+
+  for (const form of root.querySelectorAll("#queue-body form[data-cancel-form]")) bindCancel(form);
 
   // ---- start --------------------------------------------------------------------------------------
 

@@ -163,10 +163,10 @@
       if (this.send({ type: "resync" })) this.awaitingSince = Date.now();
     }
 
-    action(action, model) {
+    action(action, model, extra) {
       const id = this.nextId++;
       return new Promise((resolve) => {
-        if (!this.send({ type: "action", id, action, model })) {
+        if (!this.send(Object.assign({ type: "action", id, action, model }, extra || {}))) {
           resolve({ ok: false, message: "not connected" });
           return;
         }

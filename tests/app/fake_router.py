@@ -108,6 +108,7 @@ class FakeRouter:
         self.models_max = 4
         self.received: list[dict[str, Any]] = []
         self.leases: dict[str, str] = {}  # lease id -> model
+        self.queued: dict[str, list[str]] = {}  # model or request id -> cancelled ids
         self.lease_ttl = LEASE_TTL
         self.reload_result: dict[str, Any] | Reject = {
             "added": [],
@@ -258,6 +259,14 @@ class FakeRouter:
             await self._error(message, 400, "model is not running", "invalid_request_error")
         else:
             await self._reply(message, bridge.result(message["request_id"], {"success": True}))
+
+    async def router_cancel_queued(self, message: dict[str, Any]) -> None:
+        target = message.get("model") or message.get("queued_request")
+        if target not in self.queued:
+            await self._error(message, 404, f"no queued request for {target}", "not_found_error")
+        else:
+            body = {"success": True, "cancelled": self.queued.pop(target)}
+            await self._reply(message, bridge.result(message["request_id"], body))
 
     async def router_reload(self, message: dict[str, Any]) -> None:
         if self.on_reload is not None:

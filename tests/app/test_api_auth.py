@@ -249,7 +249,7 @@ class TestKeyRoles:
         secret = await self._key_of("vera", "viewer")
         headers = {"authorization": f"Bearer {secret}"}
         assert (await db_client.post("/tokenize", {"model": "m"}, headers=headers)).status == 200
-        for path in ("/models/load", "/models/unload"):
+        for path in ("/models/load", "/models/unload", "/models/cancel"):
             response = await db_client.post(path, {"model": "m"}, headers=headers)
             assert response.status == 403
             assert b"permission_error" in response.body and b"operator" in response.body

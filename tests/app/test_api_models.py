@@ -222,6 +222,47 @@ class TestLoad:
         assert response.json()["error"]["type"] == "invalid_request_error"
 
 
+class TestCancelQueued:
+    """``POST /models/cancel``: RouterPanel's own route for an operator's cancel."""
+
+    async def test_it_cancels_a_models_queued_requests(
+        self, client: AsgiClient, router: FakeRouter
+    ) -> None:
+        router.queued["m"] = ["r1", "r2"]
+        response = await client.post("/models/cancel", {"model": "m"})
+        assert (response.status, response.json()) == (
+            200, {"success": True, "cancelled": ["r1", "r2"]}
+        )  # fmt: skip
+        message = await router.wait_for("router.cancel_queued")
+        assert (message["model"], message["actor"]) == ("m", "anonymous")
+
+    async def test_it_cancels_one_request_by_id(
+        self, client: AsgiClient, router: FakeRouter
+    ) -> None:
+        router.queued["r7"] = ["r7"]
+        response = await client.post("/models/cancel", {"request_id": "r7"})
+        assert response.json()["cancelled"] == ["r7"]
+        assert (await router.wait_for("router.cancel_queued"))["queued_request"] == "r7"
+
+    async def test_nothing_queued_is_404_in_the_error_shape(
+        self, client: AsgiClient, router: FakeRouter
+    ) -> None:
+        response = await client.post("/models/cancel", {"model": "m"})
+        assert response.status == 404
+        assert response.json()["error"]["type"] == "not_found_error"
+
+    @pytest.mark.parametrize(
+        "body", [{}, {"model": "m", "request_id": "r"}, {"model": 7}, {"request_id": ["r"]}]
+    )
+    async def test_it_needs_exactly_one_string_target(
+        self, client: AsgiClient, router: FakeRouter, body: dict
+    ) -> None:
+        response = await client.post("/models/cancel", body)
+        assert response.status == 400
+        assert response.json()["error"]["type"] == "invalid_request_error"
+        assert router.of_type("router.cancel_queued") == []
+
+
 class TestUnload:
     async def test_it_stops_the_model(self, client: AsgiClient, router: FakeRouter) -> None:
         router.add("m", status="loaded")

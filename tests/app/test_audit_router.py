@@ -224,6 +224,23 @@ class TestLoads:
         await rig.idle()
         (row,) = await rig.rows(AuditKind.LOAD_REQUESTED)
         assert row.model == "b" and row.queue_depth == 1 and row.details["position"] == 1
+        assert row.actor == "user:y" and row.trigger_request  # who queued it, and which request
+        rig.engine.release(lease.lease_id)
+        await rig.idle()
+
+    async def test_an_operator_cancelling_queued_requests_is_a_row_with_their_ids(
+        self, rig: Rig
+    ) -> None:
+        await rig.warm("a")
+        lease = await rig.engine.acquire("a", request_id="busy", actor="user:x")
+        waiting = [rig.request("b", "key:bob/ci") for _ in range(2)]
+        await rig.idle()
+        ids = await rig.engine.cancel_queued(model="b", actor="user:otto")
+        await asyncio.gather(*waiting, return_exceptions=True)
+        (row,) = await rig.rows(AuditKind.QUEUE_CANCELLED)
+        assert (row.model, row.actor, row.queue_depth) == ("b", "user:otto", 2)
+        assert row.details == {"request_ids": ids, "by_model": True}
+        assert "2 answered 499" in row.reason
         rig.engine.release(lease.lease_id)
         await rig.idle()
 

@@ -17,6 +17,7 @@ from models_app import bridge
 from models_app.consumers import CLOSE_FORBIDDEN, DashboardConsumer
 from models_app.models import AuditEvent, AuditKind
 from models_app.roles import Role, set_role
+from models_app.views import common
 from tests.app.test_panel_support import RouterStub, make_user, model_row
 
 pytest_plugins = ("tests.app.test_panel_support",)
@@ -130,7 +131,7 @@ class TestMessages:
     ) -> None:
         socket = await connect(await sync_to_async(make_user)("vera", Role.VIEWER))
         await receive(socket, "snapshot")
-        for action in ("load", "unload", "pin"):
+        for action in ("load", "unload", "pin", "cancel"):
             await socket.send_json_to({"type": "action", "id": 1, "action": action,
                                        "model": "demo-small"})  # fmt: skip
             answer = await receive(socket, "action_result")
@@ -155,6 +156,20 @@ class TestMessages:
             "pending": False,
         }
         assert stub.of_kind("load") == [{"model": "demo-large", "actor": "user:otto"}]
+        await socket.disconnect()
+
+    async def test_an_operator_cancels_a_queued_request_over_the_socket(
+        self, stub: RouterStub
+    ) -> None:
+        stub.answers["cancel_queued"] = common.Answer(body={"success": True, "cancelled": ["r9"]})
+        socket = await connect(await sync_to_async(make_user)("otto", Role.OPERATOR))
+        await receive(socket, "snapshot")
+        await socket.send_json_to(
+            {"type": "action", "id": 6, "action": "cancel", "model": "m", "request_id": "r9"}
+        )
+        answer = await receive(socket, "action_result")
+        assert answer["ok"] is True and answer["message"] == "m: cancelled request r9"
+        assert stub.of_kind("cancel_queued") == [{"queued_request": "r9", "actor": "user:otto"}]
         await socket.disconnect()
 
     async def test_a_role_taken_away_while_connected_stops_the_next_action(

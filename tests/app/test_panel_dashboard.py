@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -25,7 +26,11 @@ def stub(panel_router: RouterStub) -> RouterStub:
     ]
     panel_router.queue = [
         {"ticket": 3, "model": "demo-medium", "position": 1, "waiters": 2, "since": 0.0,
-         "starting": False, "restart": False}
+         "starting": False, "restart": False,
+         "requests": [{"request_id": "req-alice-1", "kind": "proxy", "actor": "key:alice/laptop",
+                       "since": 0.0},
+                      {"request_id": "load-9", "kind": "load", "actor": "user:otto",
+                       "since": 1.0}]}
     ]  # fmt: skip
     return panel_router
 
@@ -46,12 +51,32 @@ class TestDashboard:
         assert '<button name="action" value="unload" data-show="running" >' in small
         large = card(text, "demo-large")
         assert 'value="25"' in large and "25%" in large and ">◐<" in large
-        assert "<td>demo-medium</td><td>2</td>" in text  # the queue
+        assert "<td>demo-medium</td>" in text  # the queue
         assert 'name="csrfmiddlewaretoken"' in small
+
+    def test_the_queue_lists_its_requests_with_a_cancel_form_for_each_and_for_all(
+        self, operator_client: Client, stub: RouterStub
+    ) -> None:
+        text = operator_client.get("/").content.decode()
+        entry = text[text.index('<tr class="queue-entry" data-model="demo-medium">') :]
+        entry = entry[: entry.index("</tr>")]
+        assert "req-alice-1" in entry and "key:alice/laptop" in entry
+        assert '<span class="badge">load</span>' in entry  # a queued load says so
+        assert entry.count('name="action" value="cancel"') == 3  # two requests and "all"
+        assert 'name="request_id" value="req-alice-1"' in entry
+        assert "Cancel all" in entry
+
+    def test_a_card_says_how_long_the_model_is_in_its_state(
+        self, viewer_client: Client, stub: RouterStub
+    ) -> None:
+        stub.models[0]["state_since"] = time.time() - 75
+        text = viewer_client.get("/").content.decode()
+        assert "for 1 min 1" in card(text, "demo-small")  # 75 s, or 76 on a slow machine
 
     def test_a_viewer_gets_no_action_buttons(self, viewer_client: Client, stub: RouterStub) -> None:
         text = viewer_client.get("/").content.decode()
         assert 'name="action"' not in text and "/actions/model/" not in text
+        assert "req-alice-1" in text and "Cancel" not in text  # sees the queue, cannot cancel
 
     def test_without_the_router_it_lists_the_presets_and_says_so(
         self, viewer_client: Client, stub: RouterStub

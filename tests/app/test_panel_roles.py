@@ -159,6 +159,26 @@ class TestForgedPosts:
         assert response.status_code == 302
         assert panel_router.of_kind("load") == [{"model": "demo-small", "actor": "user:otto"}]
 
+    def test_a_viewers_forged_cancel_never_reaches_the_router(
+        self, panel_router: RouterStub
+    ) -> None:
+        client = client_for(make_user("vera", Role.VIEWER))
+        body = {"action": "cancel", "model": "demo-small", "request_id": "r1"}
+        assert client.post("/actions/model/", body).status_code == 403
+        assert panel_router.calls == []
+
+    def test_an_operator_cancels_one_queued_request_or_all_from_the_form(
+        self, panel_router: RouterStub
+    ) -> None:
+        client = client_for(make_user("otto", Role.OPERATOR))
+        one = {"action": "cancel", "model": "demo-small", "request_id": "r1"}
+        assert client.post("/actions/model/", one).status_code == 302
+        assert client.post("/actions/model/", {"action": "cancel", "model": "m"}).status_code == 302
+        assert panel_router.of_kind("cancel_queued") == [
+            {"queued_request": "r1", "actor": "user:otto"},
+            {"model": "m", "actor": "user:otto"},
+        ]
+
     def test_every_form_needs_its_csrf_token(
         self, panel_router: RouterStub, preset: Preset
     ) -> None:

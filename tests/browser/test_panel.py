@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -166,6 +169,60 @@ def test_an_eviction_through_the_api_changes_the_victims_card_and_the_audit_feed
         card(page, "demo-medium").locator("button[value=unpin]").click()
         page.wait_for_selector('.model-card[data-model="demo-medium"] [data-field=pinned]',
                                state="hidden")  # fmt: skip
+    assert same_page(page)
+    console.assert_clean()
+
+
+def chat_as(server: PanelServer, model: str, request_id: str) -> tuple[int, Any]:
+    """A chat completion with our own X-Request-Id (the id the queue shows and cancels)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    request = urllib.request.Request(
+        f"{server.url}/v1/chat/completions", json.dumps(body).encode(),
+        {"Content-Type": "application/json", "X-Request-Id": request_id},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def test_an_operator_cancels_a_queued_request_from_the_dashboard(
+    panel: Panel, quiet: PanelServer
+) -> None:
+    """Small and medium run pinned (the cap is 2), so a request for large waits for good: the
+    queue lists it by its request id, Cancel answers its client 499 and the audit feed says who
+    cancelled it. Each card says how long its model has been in its state."""
+    page, console = panel
+    mark_page(page)
+    for model in ("demo-small", "demo-medium"):
+        card(page, model).locator("button[value=pin]").click()
+        page.wait_for_selector(f'.model-card[data-model="{model}"] [data-field=pinned]:visible')
+    try:
+        for model in ("demo-small", "demo-medium"):
+            assert quiet.post("/models/load", {"model": model})[0] == 200
+            wait_state(page, model, "loaded")
+        since = card(page, "demo-small").locator("[data-field=since]")
+        page.wait_for_function("el => /^for \\d/.test(el.textContent)", arg=since.element_handle())
+        with ThreadPoolExecutor(1) as pool:
+            waiter = pool.submit(chat_as, quiet, "demo-large", "browser-waiter-1")
+            row = page.locator('#queue-body li[data-request-id="browser-waiter-1"]')
+            row.wait_for()
+            assert "anonymous" in row.inner_text()
+            row.locator("button", has_text="Cancel").click()
+            status, body = waiter.result(timeout=30)
+            assert status == 499 and body["error"]["type"] == "cancelled"
+            assert "cancelled by user:admin" in body["error"]["message"]
+        page.wait_for_selector("#queue-body tr.empty")
+        page.wait_for_selector('.toast:has-text("cancelled request browser-waiter-1")')
+        page.wait_for_selector('#feed li.kind-queue_cancelled:has-text("demo-large")')
+        assert "user:admin" in page.locator("#feed li.kind-queue_cancelled").first.inner_text()
+        assert card(page, "demo-large").get_attribute("data-state") == "unloaded"
+    finally:
+        for model in ("demo-small", "demo-medium"):
+            card(page, model).locator("button[value=unpin]").click()
+            page.wait_for_selector(f'.model-card[data-model="{model}"] [data-field=pinned]',
+                                   state="hidden")  # fmt: skip
     assert same_page(page)
     console.assert_clean()
 

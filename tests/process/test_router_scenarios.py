@@ -223,3 +223,41 @@ def test_sse_shows_loading_progress_and_the_childs_info_as_llama_cpp_does(serve:
     assert progress and progress[0]["value"] == 0.0 and progress[-1]["value"] == 1.0
     loaded = [d for e, d in events if d.get("status") == "loaded"]
     assert loaded[0]["info"]["id"] == "a"
+
+
+def test_an_operator_cancels_a_queued_request_and_its_client_gets_499(serve: object) -> None:
+    """A request queued behind a busy model is cancelled over the API; the busy stream and a
+    second waiter are untouched, and the slot then goes to the second waiter as usual."""
+    marker = serve.marker  # type: ignore[attr-defined]
+    presets = sim_preset("a", marker, token_ms=100) + sim_preset("b", marker)
+    with serve(presets, 1) as server:  # type: ignore[operator]
+        answers: dict[str, httpx.Response] = {}
+
+        def post(name: str, model: str, **kw: object) -> threading.Thread:
+            def run() -> None:
+                headers = {"x-request-id": name}
+                url = f"{server.url}/v1/chat/completions"
+                answers[name] = httpx.post(url, json=chat(model, **kw), headers=headers, timeout=60)
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            return thread
+
+        busy = post("busy", "a", tokens=25)
+        time.sleep(0.8)  # a is loaded and busy for ~2.5 s: b must queue, nothing is evictable
+        doomed, kept = post("doomed", "b"), post("kept", "b")
+        time.sleep(0.4)
+        cancel = httpx.post(f"{server.url}/models/cancel", json={"request_id": "doomed"})
+        assert (cancel.status_code, cancel.json()) == (
+            200,
+            {"success": True, "cancelled": ["doomed"]},
+        )
+        doomed.join(10)
+        assert answers["doomed"].status_code == 499
+        error = answers["doomed"].json()["error"]
+        assert error["type"] == "cancelled" and "cancelled by anonymous" in error["message"]
+        again = httpx.post(f"{server.url}/models/cancel", json={"request_id": "doomed"})
+        assert again.status_code == 404 and again.json()["error"]["type"] == "not_found_error"
+        busy.join(30)
+        kept.join(30)
+        assert answers["busy"].status_code == 200 and answers["kept"].status_code == 200

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -321,6 +322,61 @@ class TestGrantQueueEvict:
         assert err.value.status == 499
         assert h.engine.snapshot()["queue"] == []
 
+    async def test_an_operator_cancels_one_queued_request_by_id(self, h: Harness) -> None:
+        await h.warm("a", "b")
+        await h.engine.acquire("a", request_id="x")
+        await h.engine.acquire("b", request_id="y")
+        doomed, kept = h.acquire("c", request_id="c1"), h.acquire("c", request_id="c2")
+        await h.idle()
+        (entry,) = h.engine.snapshot()["queue"]
+        assert [r["request_id"] for r in entry["requests"]] == ["c1", "c2"]
+        assert await h.engine.cancel_queued(request_id="c1", actor="op:alice") == ["c1"]
+        with pytest.raises(RouterError) as err:
+            await doomed
+        assert err.value.status == 499 and "op:alice" in err.value.message
+        assert not kept.done() and h.model("c")["queue_waiters"] == 1
+        (cancelled,) = h.of("queue.cancelled")
+        assert cancelled == {
+            "model": "c",
+            "request_ids": ["c1"],
+            "actor": "op:alice",
+            "by_model": False,
+        }
+
+    async def test_an_operator_cancels_a_models_whole_entry(self, h: Harness) -> None:
+        await h.warm("a", "b")
+        await h.engine.acquire("a", request_id="x")
+        await h.engine.acquire("b", request_id="y")
+        waiters = [h.acquire("c") for _ in range(3)]
+        await h.idle()
+        ids = await h.engine.cancel_queued(model="c", actor="op")
+        assert len(ids) == 3 and h.engine.snapshot()["queue"] == []
+        results = await asyncio.gather(*waiters, return_exceptions=True)
+        assert [getattr(r, "status", None) for r in results] == [499, 499, 499]
+
+    async def test_cancelling_nothing_is_a_404_and_bad_arguments_a_400(self, h: Harness) -> None:
+        with pytest.raises(RouterError) as err:
+            await h.engine.cancel_queued(model="c")
+        assert err.value.status == 404 and "no queued request" in err.value.message
+        with pytest.raises(RouterError) as err:
+            await h.engine.cancel_queued(request_id="nobody")
+        assert err.value.status == 404
+        with pytest.raises(RouterError) as err:
+            await h.engine.cancel_queued(model="nope")
+        assert err.value.status == 404 and "not found" in err.value.message
+        with pytest.raises(RouterError) as err:
+            await h.engine.cancel_queued(model="c", request_id="r")
+        assert err.value.status == 400
+
+    async def test_the_snapshot_says_since_when_each_model_is_in_its_state(
+        self, h: Harness
+    ) -> None:
+        before = h.model("a")["state_since"]
+        assert before is not None and before <= time.time()
+        await h.warm("a")
+        loaded = h.model("a")["state_since"]
+        assert loaded >= before and h.model("b")["state_since"] == before
+
     async def test_cancel_of_a_granted_request_releases_its_lease(self, h: Harness) -> None:
         await h.warm("a")
         await h.engine.acquire("a", request_id="x")
@@ -547,7 +603,8 @@ class TestEvents:
         assert set(snap) == {"seq", "models", "queue", "memory", "config"}
         a = h.model("a")
         assert set(a) == {
-            "name", "aliases", "state", "status", "failed", "stopping", "pid", "port",
+            "name", "aliases", "state", "state_since", "status", "failed", "stopping", "pid",
+            "port",
             "in_flight", "last_used", "loaded_at", "queue_position", "queue_waiters", "memory",
             "pinned", "stop_timeout", "exit_code", "last_exit", "args", "info", "progress",
         }  # fmt: skip

@@ -306,6 +306,59 @@ class TestA7WaiterLeaves:
         assert s.request_finished("nobody", now=3) == []
 
 
+class TestOperatorCancel:
+    """An operator cancels queued requests (issue 6): one by id, or a model's whole entry."""
+
+    def test_cancel_by_id_rejects_only_that_waiter_with_499_and_names_the_operator(self) -> None:
+        s = sched("a", "x", models_max=1)
+        warm(s, "a", now=0, busy=True)
+        s.request_arrived("r1", "x", now=1, actor="bob")
+        s.request_arrived("r2", "x", now=2)
+        out = s.cancel_waiting(now=3, actor="op:alice", request_id="r1")
+        (reject,) = of(Reject, out)
+        assert (reject.request_id, reject.status, reject.error_type) == ("r1", 499, "cancelled")
+        assert "cancelled by op:alice" in reject.message and "name=x" in reject.message
+        (changed,) = of(QueueChanged, out)
+        assert [(e.model, e.waiters, e.since) for e in changed.entries] == [("x", 1, 2)]
+        assert s.waiter_left("r1", now=4) == []  # it is gone from the scheduler's books
+
+    def test_cancel_by_model_empties_the_entry_and_the_slot_goes_to_the_next(self) -> None:
+        s = sched("a", "x", "y", models_max=1)
+        warm(s, "a", now=0)
+        assert stopped(s.request_arrived("r1", "x", now=1)) == ["a"]
+        s.request_arrived("r2", "x", now=2, kind=LOAD)
+        s.request_arrived("r3", "y", now=3)
+        out = s.cancel_waiting(now=4, actor="op", model="x")
+        assert sorted(rejected(out)) == ["r1", "r2"]
+        assert [e.model for e in s.queue()] == ["y"]
+        assert spawned(s.child_exited("a", now=5, exit_code=0)) == ["y"]
+
+    def test_nothing_to_cancel_returns_no_reject_and_granted_requests_are_untouched(self) -> None:
+        s = sched("a", "x")
+        warm(s, "a", now=0, busy=True)
+        rid = "warm-a-0"
+        assert s.cancel_waiting(now=1, actor="op", request_id=rid) == []
+        assert s.cancel_waiting(now=1, actor="op", model="x") == []
+        assert s.model("a").in_flight == 1
+        with pytest.raises(ValueError):
+            s.cancel_waiting(now=1, actor="op")
+
+    def test_the_queue_view_lists_the_oldest_waiters_in_arrival_order_bounded(self) -> None:
+        from routerpanel.router.scheduler import QUEUE_VIEW_REQUESTS
+
+        s = sched("a", "x", models_max=1)
+        warm(s, "a", now=0, busy=True)
+        for i in range(QUEUE_VIEW_REQUESTS + 5):
+            s.request_arrived(f"r{i}", "x", now=1 + i, actor=f"u{i}")
+        (entry,) = s.queue()
+        assert entry.waiters == QUEUE_VIEW_REQUESTS + 5 and entry.since == 1
+        assert len(entry.requests) == QUEUE_VIEW_REQUESTS
+        first = entry.requests[0]
+        assert (first.request_id, first.actor, first.since, first.kind) == ("r0", "u0", 1, "proxy")
+        s.waiter_left("r0", now=50)
+        assert s.queue()[0].since == 2 and s.queue()[0].requests[0].request_id == "r1"
+
+
 class TestA8QueueLimits:
     def test_a8_it_rejects_a_waiter_beyond_max_waiters_with_retry_after(self) -> None:
         s = sched("a", "x", "y", models_max=1, max_waiters=2)
