@@ -70,11 +70,10 @@ def new_router_id() -> str:
     return f"{socket.gethostname()[:40]}:{uuid.uuid4().hex[:12]}"
 
 
-def stop_reason(text: str) -> StopReason | None:
-    """Read the StopReason from a ``model.state`` reason (``"<reason> by <actor>[ for <m>]"``)."""
-    word = text.split(" ", 1)[0]
+def stop_reason(value: str | None) -> StopReason | None:
+    """The ``model.state`` event's ``stop_reason`` (a StopReason value), if it names one."""
     try:
-        return StopReason(word)
+        return StopReason(value) if value else None
     except ValueError:
         return None
 
@@ -170,7 +169,7 @@ class AuditMapper:
     ) -> None:
         model = d["model"]
         self._loads.pop(model, None)
-        reason = stop_reason(d.get("reason") or "") or StopReason.UNLOAD
+        reason = stop_reason(d.get("stop_reason")) or StopReason.UNLOAD
         self._stopping[model] = (d["from"], action, d.get("stop_timeout"))
         if reason in EVICTIONS:
             return  # model.evicted follows at once, with the victim's details

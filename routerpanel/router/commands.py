@@ -74,6 +74,7 @@ class Lease:
     model: str
     port: int
     expires_at: float  # engine clock time; renew() pushes it, the caller's copy is not updated
+    actor: str = ""  # who asked (the audit's actor if the lease expires)
 
 
 # ---- commands -----------------------------------------------------------------------------
@@ -278,7 +279,8 @@ class Callers:
             return True
         if waiter.future.done():  # cancelled between its arrival and this grant (A7)
             return False
-        lease = Lease(uuid.uuid4().hex, grant.request_id, grant.model, port, expires_at)
+        lease_id = uuid.uuid4().hex
+        lease = Lease(lease_id, grant.request_id, grant.model, port, expires_at, waiter.actor)
         self._leases[lease.lease_id] = _LeaseRecord(lease, expires_at)
         self._by_request[lease.request_id] = lease.lease_id
         waiter.future.set_result(lease)

@@ -362,7 +362,7 @@ class Engine:
         now = self._clock()
         for lease in self._callers.expired(now):  # a dead web process cannot pin a model
             data = {"lease_id": lease.lease_id, "request_id": lease.request_id}
-            self._emit("lease.expired", data | {"model": lease.model})
+            self._emit("lease.expired", data | {"model": lease.model, "actor": lease.actor})
             self._apply(self._scheduler.request_finished(lease.request_id, now=now))
         self._apply(self._scheduler.tick(now=now))
 

@@ -229,10 +229,11 @@ def state_data(change: StateChanged, nxt: Decision | None) -> dict[str, Any]:
     The scheduler emits the change and then the Spawn/Stop/Kill that caused it, which carries
     the trigger (who, for which model and request) that the audit log wants on the change.
     """
-    action, trigger, stop_timeout = None, None, None
+    action, trigger, stop_timeout, stop_reason = None, None, None, None
     if isinstance(nxt, Spawn | Stop | Kill) and nxt.model == change.model:
         action, trigger = type(nxt).__name__.lower(), nxt.trigger
         stop_timeout = nxt.stop_timeout if isinstance(nxt, Stop) else None
+        stop_reason = nxt.reason.value if isinstance(nxt, Stop | Kill) else None
     return {
         "model": change.model,
         "from": change.from_state.value,
@@ -243,6 +244,7 @@ def state_data(change: StateChanged, nxt: Decision | None) -> dict[str, Any]:
         "action": action,
         "trigger": trigger_data(trigger),
         "stop_timeout": stop_timeout,
+        "stop_reason": stop_reason,  # a StopReason value when the change is a stop
     }
 
 

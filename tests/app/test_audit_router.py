@@ -340,7 +340,7 @@ class TestFailures:
         rig.engine.clock_changed()
         await rig.idle()
         (row,) = await rig.rows(AuditKind.LEASE_EXPIRED)
-        assert (row.model, row.trigger_request) == ("a", "lost-1")
+        assert (row.model, row.trigger_request, row.actor) == ("a", "lost-1", "user:f")
 
 
 class TestLeftovers:

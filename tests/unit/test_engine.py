@@ -257,6 +257,7 @@ class TestGrantQueueEvict:
         await h.idle()
         stop = next(e for e in h.of("model.state") if e["model"] == "a" and e["stopping"])
         assert stop["action"] == "stop" and stop["stop_timeout"] == 10.0
+        assert stop["stop_reason"] == "eviction"
         assert stop["trigger"]["model"] == "c" and stop["trigger"]["actor"] == "alice"
 
     async def test_a_busy_model_is_never_the_victim(self, h: Harness) -> None:
@@ -509,7 +510,7 @@ class TestTime:
     @engine_config("a", "b", models_max=2, lease_ttl=10.0)
     async def test_a_lease_not_renewed_expires_and_frees_the_model(self, h: Harness) -> None:
         await h.warm("a")
-        lease = await h.engine.acquire("a", request_id="r")
+        lease = await h.engine.acquire("a", request_id="r", actor="user:f")
         h.clock.advance(6)
         assert h.engine.renew(lease.lease_id)
         h.clock.advance(6)
@@ -520,7 +521,7 @@ class TestTime:
         h.engine.clock_changed()
         await h.idle()
         assert h.of("lease.expired") == [
-            {"lease_id": lease.lease_id, "request_id": "r", "model": "a"}
+            {"lease_id": lease.lease_id, "request_id": "r", "model": "a", "actor": "user:f"}
         ]
         assert h.model("a")["in_flight"] == 0
         assert not h.engine.renew(lease.lease_id)
