@@ -48,6 +48,7 @@ class ChildFacts:
     argv: tuple[str, ...] = ()
     pid: int | None = None
     port: int | None = None
+    last_port: int = 0  # the most recent spawn's port, kept after the exit (ROUTER_SPEC 4.3)
     loaded_at: float | None = None  # wall clock
     info: dict[str, Any] = field(default_factory=dict)  # the child's ready payload
     progress: dict[str, Any] | None = None  # the last loading line's payload
@@ -75,6 +76,7 @@ class Facts:
     def started(self, ev: ChildStarted) -> None:
         child = self.child(ev.name)
         child.pid, child.port = ev.pid, ev.port  # again after a bind-failure retry (S2)
+        child.last_port = ev.port
 
     def ready(self, ev: ChildReady) -> None:
         child = self.child(ev.name)
@@ -335,6 +337,13 @@ def eviction_data(decision: Stop | Kill, latest: MemorySample | None) -> dict[st
     }
 
 
+def child_args(argv: Iterable[str], port: int) -> list[str]:
+    """The argv as spawned: the supervisor adds the loopback host and the port (S2); a model
+    never spawned shows ``--port 0``, as llama.cpp does (ROUTER_SPEC 4.3)."""
+    argv = list(argv)
+    return [*argv, "--host", "127.0.0.1", "--port", str(port)] if argv else []
+
+
 def model_data(
     view: ModelView,
     spec: PresetSpec | None,
@@ -365,7 +374,9 @@ def model_data(
         "stop_timeout": spec.stop_timeout if spec else None,
         "exit_code": child.exit_code,
         "last_exit": child.last_exit,
-        "args": list(child.argv or (spec.argv if spec else ())),
+        "args": child_args(
+            child.argv or (spec.argv if spec else ()), child.port or child.last_port
+        ),
         "info": child.info,
         "progress": child.progress,
     }

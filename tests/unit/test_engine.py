@@ -610,7 +610,18 @@ class TestEvents:
             "pinned", "stop_timeout", "exit_code", "last_exit", "args", "info", "progress",
         }  # fmt: skip
         assert (a["port"], a["in_flight"], a["info"]) == (lease.port, 1, {"id": "a"})
-        assert a["args"] == ["llama-server", "-m", "/m/a.gguf"]
+        port = str(h.sup.port("a"))
+        assert a["args"] == [
+            "llama-server",
+            "-m",
+            "/m/a.gguf",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            port,
+        ]
+        never = h.model("b")["args"]  # never spawned: --port 0, as llama.cpp (ROUTER_SPEC 4.3)
+        assert never == ["llama-server", "-m", "/m/b.gguf", "--host", "127.0.0.1", "--port", "0"]
         assert h.model("c")["queue_position"] == 1 and snap["queue"][0]["model"] == "c"
         assert snap["config"]["models_max"] == 2 and snap["seq"] == h.events[-1].seq
 
@@ -637,7 +648,7 @@ class TestReloadAndSettings:
         assert h.sup.stopped() == ["a"]
         await h.exit("a")
         assert h.sup.spawned()[-1] == "a"
-        assert h.model("a")["args"] == list(new_a.argv)
+        assert h.model("a")["args"][:3] == list(new_a.argv)
         assert h.engine.resolve("c") is None and h.engine.resolve("d") == "d"
         assert h.of("presets.reloaded")[0]["actor"] == "admin"
 
