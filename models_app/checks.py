@@ -66,7 +66,9 @@ def check_data_dir(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 @register()
 def check_server_bin(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
-    command = settings.ROUTERPANEL["SERVER_BIN"]
+    from models_app import runtime
+
+    command = runtime.OPTIONS.server_bin or settings.ROUTERPANEL["SERVER_BIN"]
     try:
         program = shlex.split(command)[0]
     except (ValueError, IndexError):

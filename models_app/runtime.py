@@ -18,6 +18,7 @@ class RuntimeOptions:
     models_preset: str | None = None  # re-imported on GET /models?reload=1
     models_dir: str | None = None
     router: bool = True  # False with --no-router
+    server_bin: str | None = None  # --server-bin: what check W001 looks for on PATH
 
 
 OPTIONS = RuntimeOptions()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import sys
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from django.db import transaction
 from models_app.models import Preset
 
 DRAFT_PREFIXES = ("mtp-", "dspark-", "dflash-")
+_imported: dict[str, str] = {}  # --models-preset path -> digest of the text this process imported
 
 
 class SourceError(ValueError):
@@ -106,3 +108,32 @@ def ensure_demo_presets() -> list[str]:
         preset.full_clean()
         preset.save()
     return [name for name, _ in DEMO_MODELS]
+
+
+# ---- --models-preset --------------------------------------------------------------------------
+
+
+def remember_preset_file(path: str, data: bytes) -> None:
+    """Note that ``data`` (the file's text) was imported from ``path`` by this process."""
+    _imported[path] = hashlib.sha256(data).hexdigest()
+
+
+def reimport_preset_file(path: str) -> bool:
+    """Re-import ``path`` for a reload if its text changed since this process imported it.
+
+    An unchanged file is not imported again, so edits made in the panel since then survive
+    ``GET /models?reload=1``; a changed file is applied (all or nothing) and wins for the
+    presets it names. Return whether it was imported; raise ValueError for a missing file and
+    ``ini.IniError`` (naming the line) for a malformed one.
+    """
+    from models_app.presets_io import import_presets
+
+    file = Path(path)
+    if not file.exists():
+        raise ValueError(f"preset file does not exist: {path}")
+    data = file.read_bytes()
+    if _imported.get(path) == hashlib.sha256(data).hexdigest():
+        return False
+    import_presets(data, source=path)
+    remember_preset_file(path, data)
+    return True

@@ -40,6 +40,14 @@ def test_a_missing_server_binary_is_a_warning() -> None:
         assert checks.check_server_bin() == []
 
 
+def test_serve_server_bin_is_what_the_check_looks_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    from models_app import runtime
+
+    monkeypatch.setattr(runtime.OPTIONS, "server_bin", "python3 -m routerpanel.router.simserver")
+    with override_settings(ROUTERPANEL={"SERVER_BIN": "no-such-llama-server"}):
+        assert checks.check_server_bin() == []
+
+
 def test_debug_beyond_loopback_is_a_warning() -> None:
     with override_settings(DEBUG=True, ALLOWED_HOSTS=["0.0.0.0", "localhost"]):
         assert ids(checks.check_debug_exposure()) == ["routerpanel.W002"]

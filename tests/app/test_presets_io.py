@@ -129,6 +129,42 @@ class TestImport:
             run("import_presets", str(tmp_path / "nope.ini"))
 
 
+class TestReloadFromTheFile:
+    """``GET /models?reload=1`` re-reads ``--models-preset`` only when the file changed."""
+
+    def test_an_unchanged_file_keeps_the_panels_edits(self, ini_file: Path) -> None:
+        from models_app import sources
+
+        path = str(ini_file)
+        assert sources.reimport_preset_file(path) is True  # first time: imported
+        Preset.objects.filter(name="sim").update(ttl=90)  # an admin's edit in the panel
+        assert sources.reimport_preset_file(path) is False
+        assert Preset.objects.get(name="sim").ttl == 90
+
+    def test_a_changed_file_is_applied_and_wins_for_its_presets(self, ini_file: Path) -> None:
+        from models_app import sources
+
+        path = str(ini_file)
+        sources.reimport_preset_file(path)
+        Preset.objects.filter(name="sim").update(ttl=90)
+        ini_file.write_text(FILE + "\n[new-one]\nmodel = /models/new.gguf\n")
+        assert sources.reimport_preset_file(path) is True
+        assert Preset.objects.filter(name="new-one").exists()
+        assert Preset.objects.get(name="sim").ttl == 600  # the file says so again
+
+    def test_a_missing_or_broken_file_changes_nothing(self, ini_file: Path) -> None:
+        from models_app import sources
+
+        sources.reimport_preset_file(str(ini_file))
+        before = list(Preset.objects.values())
+        ini_file.write_text(FILE + "\n[broken\n")
+        with pytest.raises(IniError):
+            sources.reimport_preset_file(str(ini_file))
+        with pytest.raises(ValueError, match="does not exist"):
+            sources.reimport_preset_file(str(ini_file) + ".gone")
+        assert list(Preset.objects.values()) == before
+
+
 class TestExport:
     def test_export_then_import_is_a_no_op(self, ini_file: Path, tmp_path: Path) -> None:
         run("import_presets", str(ini_file))

@@ -84,12 +84,16 @@ class RouterLock:
 
 class Command(BaseCommand):
     help = "Run the router alone (team mode): the engine and its Channels worker on Redis."
+    requires_system_checks: list[str] = []  # run in handle(), once --server-bin is known (W001)
 
     def add_arguments(self, parser: CommandParser) -> None:
         runtime.add_router_arguments(parser)
         parser.add_argument("--data-dir", metavar="DIR", help="data directory; read by manage.py")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        runtime.OPTIONS.server_bin = options["server_bin"]
+        if not options.get("skip_checks"):
+            self.check()
         bootstrap.migrate()
         if not settings.REDIS_URL:
             self.stderr.write(
@@ -110,7 +114,10 @@ class Command(BaseCommand):
         if options["models_preset"]:
             from django.core.management import call_command
 
-            call_command("import_presets", options["models_preset"], stdout=self.stdout)
+            path = options["models_preset"]
+            data = Path(path).read_bytes()
+            call_command("import_presets", path, stdout=self.stdout)
+            sources.remember_preset_file(path, data)
         if options["models_dir"]:
             try:
                 sources.import_models_dir(options["models_dir"])

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -22,6 +23,7 @@ from models_app.models import Preset, RouterSettings
 
 class Command(BaseCommand):
     help = "Serve RouterPanel: the llama.cpp-compatible router API, the proxy and the panel."
+    requires_system_checks: list[str] = []  # run in handle(), once --server-bin is known (W001)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -60,6 +62,9 @@ class Command(BaseCommand):
         parser.add_argument("--demo-if-empty", action="store_true", help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        runtime.OPTIONS.server_bin = options["server_bin"]
+        if not options.get("skip_checks"):
+            self.check()
         bootstrap.migrate()
         self._announce_admin()
         self._configure_web(options)
@@ -94,10 +99,13 @@ class Command(BaseCommand):
         if options["models_preset"]:
             from django.core.management import call_command
 
+            path = options["models_preset"]
             try:
-                call_command("import_presets", options["models_preset"], stdout=self.stdout)
-            except CommandError as exc:
+                data = Path(path).read_bytes()
+                call_command("import_presets", path, stdout=self.stdout)
+            except (OSError, CommandError) as exc:
                 raise CommandError(f"failed to initialize router models: {exc}") from None
+            sources.remember_preset_file(path, data)
         if options["models_dir"]:
             try:
                 names = sources.import_models_dir(options["models_dir"])
@@ -209,14 +217,7 @@ async def reimport_sources() -> None:
 
     def reimport() -> None:
         if runtime.OPTIONS.models_preset:
-            from pathlib import Path
-
-            from models_app.presets_io import import_presets
-
-            path = runtime.OPTIONS.models_preset
-            if not Path(path).exists():
-                raise ValueError(f"preset file does not exist: {path}")
-            import_presets(Path(path).read_bytes(), source=path)
+            sources.reimport_preset_file(runtime.OPTIONS.models_preset)
         if runtime.OPTIONS.models_dir:
             sources.import_models_dir(runtime.OPTIONS.models_dir)
 
