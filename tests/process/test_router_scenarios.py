@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -156,6 +156,19 @@ def test_a_client_that_leaves_the_queue_costs_nobody_their_slot(serve: object) -
     assert "c" in sse.statuses("loading")
 
 
+def arrived(url: str, model: str) -> bool:
+    """The router has the request for ``model``: it waits in the queue, or is being served."""
+    entry = next(m for m in httpx.get(f"{url}/v1/models").json()["data"] if m["id"] == model)
+    return entry["queue_position"] is not None or entry["status"]["value"] != "unloaded"
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def test_the_queue_is_fifo(serve: object) -> None:
     marker = serve.marker  # type: ignore[attr-defined]
     presets = "".join(sim_preset(n, marker, token_ms=60 if n == "a" else 0) for n in "abcd")
@@ -165,13 +178,13 @@ def test_the_queue_is_fifo(serve: object) -> None:
             threading.Thread(
                 target=httpx.post,
                 args=(f"{server.url}/v1/chat/completions",),
-                kwargs={"json": chat(name, 15 if name == "a" else 2, name == "a"), "timeout": 60},
+                kwargs={"json": chat(name, 40 if name == "a" else 2, name == "a"), "timeout": 60},
             )
             for name in "abcd"
         ]
-        for thread in threads:
+        for name, thread in zip("abcd", threads, strict=True):
             thread.start()
-            time.sleep(0.3)  # arrival order a, b, c, d
+            wait_until(lambda name=name: arrived(server.url, name))  # arrival order a, b, c, d
         for thread in threads:
             thread.join(60)
         assert sampler.maximum <= 1

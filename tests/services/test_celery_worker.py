@@ -111,7 +111,8 @@ def worker(env: dict[str, str], tmp_path: Path) -> Iterator[Celery]:
 async def router(redis_url: str) -> AsyncIterator[MemoryRouter]:
     from channels_redis.core import RedisChannelLayer
 
-    layer = RedisChannelLayer(hosts=[redis_url])
+    # As in settings: a socket timeout above channels_redis's 5 s blocking pop (redis-py 8).
+    layer = RedisChannelLayer(hosts=[{"address": redis_url, "socket_timeout": 30}])
     fake = await MemoryRouter(layer).start()
     fake.add("qwen")
     fake.history = ring(time.time() - 180, 180, used=4 << 30, rss=1 << 30)

@@ -53,7 +53,7 @@ def test_the_redis_channel_layer_carries_a_message() -> None:
     from channels_redis.core import RedisChannelLayer
 
     async def round_trip() -> dict[str, object]:
-        layer = RedisChannelLayer(hosts=[REDIS_URL])
+        layer = RedisChannelLayer(hosts=[{"address": REDIS_URL, "socket_timeout": 30}])
         channel = await layer.new_channel()
         await layer.send(channel, {"type": "router.ping", "n": 1})
         message = await asyncio.wait_for(layer.receive(channel), timeout=5)
