@@ -23,7 +23,6 @@ import httpx
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
-from routerpanel.router import supervisor as supervisor_module
 from routerpanel.router.supervisor import (
     ChildExited,
     ChildReady,
@@ -37,6 +36,7 @@ from routerpanel.router.supervisor import (
     pick_free_port,
     reap_leftovers,
 )
+from routerpanel.router.supervisor import core as supervisor_module  # where _poll looks it up
 
 E = TypeVar("E", bound=SupervisorEvent)
 WAIT = 60.0  # generous: the machine is small and busy

@@ -1,326 +1,55 @@
-"""Own the router's child processes: spawn, readiness, stop deadline -> SIGKILL, reap, logs.
-
-The supervisor knows nothing about presets, queues or the scheduler (DESIGN §3). It is driven by
-the engine, which is the single owner of router state, and it reports back only through the
-``post`` callback given at construction. Everything runs on one asyncio loop; no locks.
-
-API (rules S1-S8 of DESIGN §4 are cited where they apply)::
-
-    sup = Supervisor(post, state_file=path)          # post(event) must not block
-    pid = await sup.spawn(name, argv, env, child_protocol=True, load_timeout=600.0)
-    sup.stop(name, stop_timeout=10.0)                # graceful, then SIGKILL at the deadline
-    sup.kill(name)                                   # SIGKILL the group now
-    sup.live() -> dict[str, ChildInfo]               # snapshot of running children
-    sup.logs(name) -> list[LogLine]                  # per-name ring buffer (survives the exit)
-    await sup.shutdown(stop_timeout)                 # stop everything, await the exits
-    reap_leftovers(path) -> list[Leftover]           # at start, before the first spawn (S8)
-
-Events, per ``spawn()`` call and in this order: ``ChildStarted`` (posted before ``spawn``
-returns, and again with the new pid/port after each bind-failure retry, S2), any number of
-``LogLine``/``ChildState``, at most one ``ChildReady`` (first readiness), maybe ``ChildStuck``,
-and exactly one ``ChildExited``. ``post`` is also called synchronously from inside ``spawn``,
-``stop`` and ``kill`` (router log lines), so it must only enqueue. State lines keep flowing
-after a stop was requested; the engine's ``stopping`` flag is its own.
-
-Errors: ``spawn`` raises ``SpawnError`` when the process cannot be started (only a LogLine is
-posted) and ``ValueError`` while the name is live: a name is free again once its
-``ChildExited`` has been posted. ``stop``/``kill`` on an unknown name return False. A stop or
-kill makes the exit ``expected``; a load timeout kills with ``expected=False`` and an ``error``.
-
-Stopping (S4): a child that has never been ready (it does not read stdin yet, ROUTER_SPEC 4.12)
-is SIGKILLed at once. A child that was ready once gets the exit command (child protocol) or
-SIGTERM to its group; this includes a child re-loading after sleep, which llama.cpp kills
-(ROUTER_SPEC §15.15) although it reads stdin by then. The deadline is stored; when it passes,
-the whole group gets SIGKILL. The leader's exit is awaited through the loop's child watcher
-(S5; on Python 3.11 ``Process.wait()`` would also wait for pipes a grandchild may hold); then
-the rest of its group is SIGKILLed, so wrappers leave no orphans, and the pipes are drained.
+"""Run the ``Supervisor``: spawn children on free ports, watch their output and readiness, stop
+them with a deadline and SIGKILL (S4), reap them (S5) and post every event to the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
 import shlex
 import signal
-import socket
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
 
-import psutil  # type: ignore[import-untyped, unused-ignore]  # no stubs: types-psutil
-
-log = logging.getLogger(__name__)
-
-STATE_PREFIX = "cmd_child_to_router:state:"
-EXIT_COMMAND = b"cmd_router_to_child:exit\n"
-# llama.cpp tools/server/server-http.cpp prints the first; Python servers print the second.
-BIND_FAILURE_MARKERS = ("couldn't bind HTTP server socket", "Address already in use")
-# Variables that configure the router itself (DESIGN §8, ROUTER_SPEC §15.20). "X*" = prefix.
-ROUTER_ONLY_ENV = (
-    "LLAMA_ARG_MODELS_*",
-    "LLAMA_API_KEY",
-    "LLAMA_ARG_API_KEY*",
-    "ROUTERPANEL_*",
-    "LLAMA_ARG_HOST",
-    "LLAMA_ARG_PORT",
-    "LLAMA_SERVER_ROUTER_PORT",
-    "LLAMA_SERVER_CHILD_MODE",
+from routerpanel.router.supervisor.child import _Child, _exit_error, _Launch
+from routerpanel.router.supervisor.events import (
+    ChildExited,
+    ChildInfo,
+    ChildReady,
+    ChildStarted,
+    ChildState,
+    ChildStuck,
+    JSONObject,
+    LogLine,
+    SpawnError,
+    Stream,
+    SupervisorEvent,
 )
-MAX_LINE_BYTES = 64 * 1024
-LAST_LINES = 30
-
-Stream = Literal["stdout", "stderr", "router"]
-ChildStateName = Literal["loading", "ready", "sleeping", "downloading"]  # ROUTER_SPEC 4.9-4.10
-_STATE_NAMES: dict[str, ChildStateName] = {
-    "loading": "loading",
-    "ready": "ready",
-    "sleeping": "sleeping",
-    "downloading": "downloading",
-}
-JSONObject: TypeAlias = dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class LogLine:
-    name: str
-    stream: Stream
-    text: str
-    time: float  # wall clock (time.time())
-
-
-@dataclass(frozen=True, slots=True)
-class ChildStarted:
-    name: str
-    pid: int
-    port: int
-    attempt: int  # 1, then 2.. after bind-failure retries (S2)
-
-
-@dataclass(frozen=True, slots=True)
-class ChildState:
-    """A child-protocol state line other than the first ``ready`` (ROUTER_SPEC 4.9)."""
-
-    name: str
-    state: ChildStateName  # "ready" here means woken from sleep (payload {})
-    payload: JSONObject
-
-
-@dataclass(frozen=True, slots=True)
-class ChildReady:
-    name: str
-    port: int
-    info: JSONObject  # the child's /v1/models object (child protocol), {} after /health
-    load_seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class ChildStuck:
-    name: str
-    pid: int
-    seconds_since_kill: float
-
-
-@dataclass(frozen=True, slots=True)
-class ChildExited:
-    name: str
-    pid: int
-    port: int
-    exit_code: int | None  # None when a signal ended it
-    signal: int | None
-    duration: float  # seconds from spawn to exit (this attempt)
-    expected: bool  # stop()/kill()/shutdown() asked for it
-    force_killed: bool  # the supervisor sent SIGKILL
-    was_ready: bool
-    stop_seconds: float | None  # from the first stop request to the exit
-    error: str | None  # None for an expected exit; otherwise what went wrong
-    last_lines: tuple[LogLine, ...]
-
-
-SupervisorEvent: TypeAlias = (
-    LogLine | ChildStarted | ChildState | ChildReady | ChildStuck | ChildExited
+from routerpanel.router.supervisor.processes import (
+    ROUTER_ONLY_ENV,
+    _create_time,
+    _ExitProtocol,
+    _group_alive,
+    _killpg,
+    child_environment,
+    pick_free_port,
 )
+from routerpanel.router.supervisor.protocol import (
+    _STATE_NAMES,
+    BIND_FAILURE_MARKERS,
+    EXIT_COMMAND,
+    STATE_PREFIX,
+    _LineSplitter,
+    probe_health,
+)
+from routerpanel.router.supervisor.statefile import _atomic_write
 
-
-@dataclass(frozen=True, slots=True)
-class ChildInfo:
-    name: str
-    pid: int
-    port: int
-    argv: tuple[str, ...]
-    state: ChildStateName  # last reported
-    ready: bool  # has been ready at least once
-    stopping: bool
-    stop_deadline: float | None  # loop.time() based
-    stuck: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Leftover:
-    name: str
-    pid: int
-    pgid: int
-    argv: tuple[str, ...]
-    create_time: float | None
-    outcome: Literal["killed", "gone", "pid_reused", "survived"]
-    killed_pids: tuple[int, ...]
-
-
-class SpawnError(RuntimeError):
-    """The child process could not be started (ROUTER_SPEC 4.7)."""
-
-
-def pick_free_port(host: str = "127.0.0.1") -> int:
-    """Return a port the OS considers free right now (check-then-use, hence S2's retry)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-async def probe_health(port: int, timeout: float = 2.0) -> int | None:
-    """Return the status of ``GET /health`` on 127.0.0.1:``port``, or None if it did not answer.
-
-    A bare HTTP/1.1 request on asyncio streams: cheaper than a client library at 10 Hz and it
-    logs nothing.
-    """
-    try:
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            try:
-                writer.write(
-                    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-                )
-                status_line = await reader.readline()
-            finally:
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
-    except (OSError, TimeoutError):
-        return None
-    parts = status_line.split()
-    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-
-
-def child_environment(base: Mapping[str, str], strip: Collection[str]) -> dict[str, str]:
-    """Return ``base`` without the names in ``strip`` (a trailing ``*`` makes a prefix)."""
-    exact = {p for p in strip if not p.endswith("*")}
-    prefixes = tuple(p[:-1] for p in strip if p.endswith("*"))
-    return {k: v for k, v in base.items() if k not in exact and not k.startswith(prefixes)}
-
-
-class _LineSplitter:
-    """Split a byte stream into text lines, keeping at most ``limit`` bytes of any line (S7)."""
-
-    def __init__(self, limit: int = MAX_LINE_BYTES) -> None:
-        self._limit = limit
-        self._buf = bytearray()
-        self._truncated = False
-
-    def feed(self, data: bytes) -> list[str]:
-        *complete, partial = data.split(b"\n")
-        lines = []
-        for part in complete:
-            self._append(part)
-            lines.append(self._take())
-        self._append(partial)
-        return lines
-
-    def finish(self) -> list[str]:
-        return [self._take()] if self._buf or self._truncated else []
-
-    def _append(self, part: bytes) -> None:
-        room = self._limit - len(self._buf)
-        if len(part) > room:
-            self._truncated = True
-            part = part[: max(room, 0)]
-        self._buf += part
-
-    def _take(self) -> str:
-        text = self._buf.decode("utf-8", "replace").rstrip("\r")
-        if self._truncated:
-            text += " [line truncated]"
-        self._buf.clear()
-        self._truncated = False
-        return text
-
-
-class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
-    """Stream the pipes as usual, and resolve ``exited`` when the leader process exits.
-
-    On Python 3.11 ``Process.wait()`` also waits until every pipe is closed, so a grandchild
-    that inherited them would hide the leader's exit; this future (fed by the loop's child
-    watcher, not by polling) does not wait for the pipes.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(limit=MAX_LINE_BYTES, loop=loop)
-        self.exited: asyncio.Future[None] = loop.create_future()
-
-    def process_exited(self) -> None:
-        super().process_exited()
-        if not self.exited.done():
-            self.exited.set_result(None)
-
-
-@dataclass(frozen=True, slots=True)
-class _Launch:
-    name: str
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    child_protocol: bool
-    load_timeout: float | None
-
-
-@dataclass(eq=False)
-class _Child:
-    launch: _Launch
-    proc: asyncio.subprocess.Process
-    transport: asyncio.SubprocessTransport
-    exited_future: asyncio.Future[None]
-    port: int
-    argv: tuple[str, ...]
-    attempt: int
-    started: float
-    create_time: float | None = None
-    state: ChildStateName = "loading"
-    ready_at: float | None = None
-    stop_requested_at: float | None = None
-    stop_deadline: float | None = None
-    killed_at: float | None = None
-    load_timed_out: bool = False
-    bind_failed: bool = False
-    cancel_retry: bool = False
-    stuck: bool = False
-    exited: bool = False
-    lines: deque[LogLine] = field(default_factory=lambda: deque(maxlen=LAST_LINES))
-    timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
-    task: asyncio.Task[None] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.launch.name
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def arm(self, key: str, when: float, callback: Callable[[], None]) -> None:
-        if old := self.timers.pop(key, None):
-            old.cancel()
-        self.timers[key] = asyncio.get_running_loop().call_at(when, callback)
-
-    def disarm(self) -> None:
-        for handle in self.timers.values():
-            handle.cancel()
-        self.timers.clear()
+log = logging.getLogger("routerpanel.router.supervisor")  # the package's name, as before the split
 
 
 class Supervisor:
@@ -721,150 +450,3 @@ class Supervisor:
         ]
         data = json.dumps({"version": 1, "router_pid": os.getpid(), "children": children})
         _atomic_write(self._state_file, data)
-
-
-# --------------------------------------------------------------------- helpers
-
-
-def _exit_error(child: _Child, code: int | None, sig: int | None) -> str:
-    if child.load_timed_out:
-        return f"load timeout: not ready after {child.launch.load_timeout} s"
-    if child.bind_failed and child.ready_at is None:
-        return f"could not bind a port after {child.attempt} attempts"
-    how = f"exited with code {code}" if sig is None else f"killed by {_signal_name(sig)}"
-    return f"{how} {'after it was ready' if child.ready_at is not None else 'while loading'}"
-
-
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
-def _killpg(pgid: int, sig: signal.Signals) -> bool:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # macOS: a group whose leader is a zombie
-        with contextlib.suppress(OSError):
-            os.kill(pgid, sig)
-    return True
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        created: float = psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-    return created
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-# --------------------------------------------------------------------- leftovers (S8)
-
-
-def reap_leftovers(state_file: Path, *, wait: float = 5.0) -> list[Leftover]:
-    """Kill the children a crashed router left behind, as recorded in ``state_file``.
-
-    A recorded process is killed (SIGKILL to its group) only when it is alive AND its
-    create_time matches, so a reused pid is never killed; if the leader is gone, surviving
-    members of its group are killed. Blocks up to ``wait`` seconds for them to die (call it
-    from a thread in async code). Consumes the file. Returns one ``Leftover`` per record,
-    for the audit log.
-    """
-    found = [_reap_one(entry) for entry in _read_state(state_file)]
-    deadline = time.monotonic() + wait
-    result = [_await_death(leftover, deadline) for leftover in found]
-    with contextlib.suppress(OSError):
-        state_file.unlink()
-    return result
-
-
-def _read_state(state_file: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(state_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    children = data.get("children") if isinstance(data, dict) else None
-    return [c for c in children or [] if isinstance(c, dict) and isinstance(c.get("pid"), int)]
-
-
-def _reap_one(entry: dict[str, Any]) -> Leftover:
-    pid: int = entry["pid"]
-    pgid: int = entry["pgid"] if isinstance(entry.get("pgid"), int) else pid
-    recorded = entry.get("create_time")
-    created = float(recorded) if isinstance(recorded, int | float) else None
-
-    def leftover(outcome: Literal["killed", "gone", "pid_reused"], pids: list[int]) -> Leftover:
-        argv = tuple(str(a) for a in entry.get("argv") or ())
-        return Leftover(str(entry.get("name", "")), pid, pgid, argv, created, outcome, tuple(pids))
-
-    members = _group_members(pgid, created)
-    try:
-        actual = psutil.Process(pid).create_time()
-    except psutil.Error:
-        actual = None
-    if actual is not None and (created is None or abs(actual - created) > 0.01):
-        return leftover("pid_reused", [])
-    if actual is not None and pid not in members:
-        members.append(pid)  # it left its group; kill the recorded process itself
-    for member in members:
-        with contextlib.suppress(OSError):
-            os.kill(member, signal.SIGKILL)
-    return leftover("killed" if members else "gone", members)
-
-
-def _group_members(pgid: int, created: float | None) -> list[int]:
-    """Pids in group ``pgid`` born no earlier than the recorded leader."""
-    members = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) != pgid:
-                continue
-            if created is None or proc.create_time() >= created - 0.01:
-                members.append(proc.pid)
-        except (OSError, psutil.Error):
-            continue
-    return members
-
-
-def _await_death(leftover: Leftover, deadline: float) -> Leftover:
-    """Wait for killed leftovers to die; zombies count as dead (their parent may be gone)."""
-    for pid in leftover.killed_pids:
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)  # one-off at start-up; these are not our children to await
-        if _alive(pid):
-            return dataclasses.replace(leftover, outcome="survived")
-    return leftover
-
-
-def _alive(pid: int) -> bool:
-    try:
-        status: str = psutil.Process(pid).status()
-    except psutil.Error:
-        return False
-    return status != "zombie"  # psutil.STATUS_ZOMBIE

@@ -1,0 +1,83 @@
+"""Read children the way llama.cpp's router does: the child protocol's state lines and exit
+command (ROUTER_SPEC §4), bind-failure markers, bounded line splitting (S7) and the
+``/health`` probe for children without the protocol (S3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from routerpanel.router.supervisor.events import ChildStateName
+
+STATE_PREFIX = "cmd_child_to_router:state:"
+EXIT_COMMAND = b"cmd_router_to_child:exit\n"
+# llama.cpp tools/server/server-http.cpp prints the first; Python servers print the second.
+BIND_FAILURE_MARKERS = ("couldn't bind HTTP server socket", "Address already in use")
+MAX_LINE_BYTES = 64 * 1024
+_STATE_NAMES: dict[str, ChildStateName] = {
+    "loading": "loading",
+    "ready": "ready",
+    "sleeping": "sleeping",
+    "downloading": "downloading",
+}
+
+
+async def probe_health(port: int, timeout: float = 2.0) -> int | None:
+    """Return the status of ``GET /health`` on 127.0.0.1:``port``, or None if it did not answer.
+
+    A bare HTTP/1.1 request on asyncio streams: cheaper than a client library at 10 Hz and it
+    logs nothing.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                writer.write(
+                    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+                )
+                status_line = await reader.readline()
+            finally:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+    except (OSError, TimeoutError):
+        return None
+    parts = status_line.split()
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+
+class _LineSplitter:
+    """Split a byte stream into text lines, keeping at most ``limit`` bytes of any line (S7)."""
+
+    def __init__(self, limit: int = MAX_LINE_BYTES) -> None:
+        self._limit = limit
+        self._buf = bytearray()
+        self._truncated = False
+
+    def feed(self, data: bytes) -> list[str]:
+        *complete, partial = data.split(b"\n")
+        lines = []
+        for part in complete:
+            self._append(part)
+            lines.append(self._take())
+        self._append(partial)
+        return lines
+
+    def finish(self) -> list[str]:
+        return [self._take()] if self._buf or self._truncated else []
+
+    def _append(self, part: bytes) -> None:
+        room = self._limit - len(self._buf)
+        if len(part) > room:
+            self._truncated = True
+            part = part[: max(room, 0)]
+        self._buf += part
+
+    def _take(self) -> str:
+        text = self._buf.decode("utf-8", "replace").rstrip("\r")
+        if self._truncated:
+            text += " [line truncated]"
+        self._buf.clear()
+        self._truncated = False
+        return text
