@@ -5,7 +5,8 @@
 Parts, in order (each also runs alone; see bench/README.md): proxy.py (per-request overhead and
 streaming throughput, RouterPanel and llama.cpp's router vs direct), swap_routers.py (time to
 first byte of a forced swap, and swap.py's scheduling part alone), scale.py (10,000 waiters over
-200 presets), memory.py (RouterPanel's own RSS). ``--quick`` runs every part with small counts
+200 presets), memory.py (RouterPanel's own RSS), panel_latency.py (router event to dashboard, in
+headless Chromium). ``--quick`` runs every part with small counts
 to check that it works; its numbers are not worth reporting.
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common, memory, proxy, scale, swap_routers
+from bench import common, memory, panel_latency, proxy, scale, swap_routers
 from bench.common import Table
 
 COMMAND = ".venv/bin/python bench/run_all.py --out bench/results/latest.md"
@@ -34,12 +35,14 @@ def parts(quick: bool) -> dict[str, Callable[[], list[Table]]]:
             "swap": lambda: swap_routers.run(swaps=3, sched_swaps=5),
             "scale": lambda: scale.run(waiters=1000, samples=30),
             "memory": lambda: memory.run(seconds=3),
+            "panel": lambda: panel_latency.run(cycles=2),
         }
     return {
         "proxy": proxy.run,
         "swap": swap_routers.run,
         "scale": scale.run,
         "memory": memory.run,
+        "panel": panel_latency.run,
     }
 
 
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/latest.md"))
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke test")
-    parser.add_argument("--only", nargs="*", choices=["proxy", "swap", "scale", "memory"],
+    parser.add_argument("--only", nargs="*", choices=["proxy", "swap", "scale", "memory", "panel"],
                         help="run only these parts")  # fmt: skip
     args = parser.parse_args(argv)
     started = datetime.datetime.now(datetime.UTC)
