@@ -84,6 +84,7 @@ QUEUE_SHOWN = 5  # requests listed under each queue entry; the rest are counted
 def queue_rows(snap: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Queue entries with how long they waited, and their oldest requests (each cancellable)."""
     now = time.time()
+    loads = {m["name"]: m.get("load_seconds") for m in (snap or {}).get("models") or []}
     rows = []
     for row in (snap or {}).get("queue") or []:
         requests = [
@@ -92,7 +93,8 @@ def queue_rows(snap: dict[str, Any] | None) -> list[dict[str, Any]]:
         ]
         more = max(0, int(row.get("waiters") or 0) - len(requests))
         waiting = max(0.0, now - (row.get("since") or now))
-        rows.append(row | {"waiting": waiting, "shown": requests, "more": more})
+        eta = loads.get(row.get("model"))
+        rows.append(row | {"waiting": waiting, "shown": requests, "more": more, "eta": eta})
     return rows
 
 

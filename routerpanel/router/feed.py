@@ -54,6 +54,7 @@ class ChildFacts:
     progress: dict[str, Any] | None = None  # the last loading line's payload
     exit_code: int | None = None
     last_exit: dict[str, Any] | None = None
+    load_seconds: float | None = None  # how long its last load took: a queued entry's ETA
 
 
 class Facts:
@@ -81,7 +82,7 @@ class Facts:
     def ready(self, ev: ChildReady) -> None:
         child = self.child(ev.name)
         child.port, child.info, child.progress = ev.port, ev.info, None
-        child.loaded_at = time.time()
+        child.loaded_at, child.load_seconds = time.time(), ev.load_seconds
 
     def exited(self, ev: ChildExited, state: str | None) -> dict[str, Any]:
         """Record the exit; return the ``model.exited`` data."""
@@ -367,6 +368,7 @@ def model_data(
         "in_flight": view.in_flight,
         "last_used": wall(view.last_used) if view.last_used else None,
         "loaded_at": child.loaded_at,
+        "load_seconds": child.load_seconds,
         "queue_position": entry.position if entry else None,
         "queue_waiters": entry.waiters if entry else 0,
         "memory": mem.rss if mem is not None else None,

@@ -316,6 +316,14 @@
         tr.insertCell().textContent = String(text);
       }
       renderWaiters(tr.cells[2], entry);
+      const eta = (models.get(entry.model) || {}).load_seconds;
+      if (eta) {
+        const small = document.createElement("small");
+        small.className = "muted eta";
+        small.title = "how long its last load took";
+        small.textContent = `loads in ~${seconds(eta)}`;
+        tr.cells[4].append(document.createElement("br"), small);
+      }
       tr.cells[3].dataset.epochSince = entry.since;
       if (canOperate && entry.waiters) {
         tr.cells[4].append(" ", cancelForm(entry.model, "", "Cancel all", `Cancel every queued request for ${entry.model}`));

@@ -23,6 +23,7 @@ def stub(panel_router: RouterStub) -> RouterStub:
     panel_router.models = [
         model_row("demo-small", "loaded", pinned=True),
         model_row("demo-large", "loading", progress={"value": 0.25}),
+        model_row("demo-medium", "unloaded", load_seconds=3.5),
     ]
     panel_router.queue = [
         {"ticket": 3, "model": "demo-medium", "position": 1, "waiters": 2, "since": 0.0,
@@ -65,6 +66,7 @@ class TestDashboard:
         assert entry.count('name="action" value="cancel"') == 3  # two requests and "all"
         assert 'name="request_id" value="req-alice-1"' in entry
         assert "Cancel all" in entry
+        assert "loads in ~3.5 s" in entry  # its last load's time, from the snapshot
 
     def test_a_card_says_how_long_the_model_is_in_its_state(
         self, viewer_client: Client, stub: RouterStub

@@ -377,6 +377,8 @@ class TestGrantQueueEvict:
         await h.warm("a")
         loaded = h.model("a")["state_since"]
         assert loaded >= before and h.model("b")["state_since"] == before
+        assert h.model("a")["load_seconds"] == 0.25  # the ETA a queued entry shows next time
+        assert h.model("b")["load_seconds"] is None
 
     async def test_cancel_of_a_granted_request_releases_its_lease(self, h: Harness) -> None:
         await h.warm("a")
@@ -606,7 +608,8 @@ class TestEvents:
         assert set(a) == {
             "name", "aliases", "state", "state_since", "status", "failed", "stopping", "pid",
             "port",
-            "in_flight", "last_used", "loaded_at", "queue_position", "queue_waiters", "memory",
+            "in_flight", "last_used", "loaded_at", "load_seconds", "queue_position",
+            "queue_waiters", "memory",
             "pinned", "stop_timeout", "exit_code", "last_exit", "args", "info", "progress",
         }  # fmt: skip
         assert (a["port"], a["in_flight"], a["info"]) == (lease.port, 1, {"id": "a"})
