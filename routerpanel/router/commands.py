@@ -317,6 +317,14 @@ class Callers:
             self.release(lease.lease_id)
         return gone
 
+    def holders(self) -> dict[str, dict[str, int]]:
+        """Return who holds each model's leases now: model -> actor -> requests in flight."""
+        out: dict[str, dict[str, int]] = {}
+        for record in self._leases.values():
+            by = out.setdefault(record.lease.model, {})
+            by[record.lease.actor] = by.get(record.lease.actor, 0) + 1
+        return out
+
     def next_expiry(self) -> float | None:
         return min((r.expires_at for r in self._leases.values()), default=None)
 

@@ -202,8 +202,10 @@ class Engine:
     def snapshot(self) -> dict[str, Any]:
         """Return the whole state, JSON-able; events after its ``seq`` update it."""
         views, queue = self._scheduler.models(), self._scheduler.queue()
-        spec_of = self._spec
-        return self._facts.snapshot(self._feed.seq, views, queue, spec_of, self._config, self._wall)
+        facts, holders = self._facts, self._callers.holders()
+        return facts.snapshot(
+            self._feed.seq, views, queue, self._spec, holders, self._config, self._wall
+        )
 
     def memory_history(self) -> list[dict[str, Any]]:
         """Return the one-hour ring of memory samples, oldest first (S9)."""
@@ -369,7 +371,8 @@ class Engine:
     def _on_memory(self, cmd: commands.MemorySampled) -> None:
         sample = memory.MemorySample(time.time(), cmd.system, cmd.children)  # wall clock
         self._facts.memory.append(sample)
-        self._emit("memory.sample", feed.sample_data(sample))
+        busy = feed.busy_data(self._scheduler.models(), self._callers.holders())
+        self._emit("memory.sample", feed.sample_data(sample) | {"in_flight": busy})
         if self._config.memory_budget is not None:  # the settle gate reads samples
             available = cmd.system.available
             self._apply(self._scheduler.memory_sample(available, now=self._clock()))

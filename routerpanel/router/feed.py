@@ -105,13 +105,14 @@ class Facts:
         views: Iterable[ModelView],
         queue: tuple[QueueEntryView, ...],
         spec_of: Callable[[str], PresetSpec | None],
+        holders: dict[str, dict[str, int]],
         config: RouterConfig,
         wall: Callable[[float], float],
     ) -> dict[str, Any]:
         entries, latest = {e.model: e for e in queue}, self.latest
         models = [
             model_data(v, spec_of(v.name), self._children.get(v.name) or ChildFacts(self.since),
-                       entries.get(v.name), latest, wall)
+                       entries.get(v.name), latest, wall) | {"holders": holders.get(v.name, {})}
             for v in views
         ]  # fmt: skip
         return {
@@ -319,6 +320,13 @@ def sample_data(sample: MemorySample) -> dict[str, Any]:
         "system": system_data(sample.system),
         "children": {c.name: {"pid": c.pid, "rss": c.rss} for c in sample.children},
     }
+
+
+def busy_data(
+    views: Iterable[ModelView], holders: dict[str, dict[str, int]]
+) -> dict[str, dict[str, Any]]:
+    """The models with requests in flight and who sent them, sent with every memory sample."""
+    return {v.name: {"n": v.in_flight, "by": holders.get(v.name, {})} for v in views if v.in_flight}
 
 
 def eviction_data(decision: Stop | Kill, latest: MemorySample | None) -> dict[str, Any]:

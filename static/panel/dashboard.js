@@ -82,6 +82,7 @@
       mem.appendChild(small);
     }
     setText(el, "in_flight", String(m.in_flight || 0));
+    setText(el, "holders", holdersText(m.holders));
     setText(el, "pid", m.pid ? String(m.pid) : "—");
     setText(el, "port", m.port ? String(m.port) : "—");
     field(el, "last_used").dataset.epoch = m.last_used || "";
@@ -106,6 +107,13 @@
       );
     }
     tickCard(el, m);
+  }
+
+  // Who has requests in flight: "user:alice ×2, key:bob/ci".
+  function holdersText(holders) {
+    return Object.entries(holders || {})
+      .map(([actor, n]) => (n > 1 ? `${actor} ×${n}` : actor))
+      .join(", ");
   }
 
   function renderProgress(el, m) {
@@ -205,7 +213,7 @@
         m.lastline = null;
         m.note = null;
       }
-      if (down) Object.assign(m, { pid: null, port: null, memory: null, in_flight: 0 });
+      if (down) Object.assign(m, { pid: null, port: null, memory: null, in_flight: 0, holders: {} });
       markSince(d.model, stateKey(d.to, d.stopping), ev.time);
       render(m);
       scheduleRefresh();
@@ -264,14 +272,23 @@
     "memory.sample"(d) {
       chart.push(d);
       renderMemNow(d.system);
+      const busy = d.in_flight || {};
       for (const m of models.values()) {
         const child = (d.children || {})[m.name];
         const mem = child ? child.rss : null;
+        let changed = false;
         if (RUNNING.has(m.state) && child && (m.memory !== mem || m.pid !== child.pid)) {
           m.memory = mem;
           m.pid = child.pid;
-          render(m);
+          changed = true;
         }
+        const now = busy[m.name] || { n: 0, by: {} };
+        if (d.in_flight && (now.n !== (m.in_flight || 0) || holdersText(now.by) !== holdersText(m.holders))) {
+          m.in_flight = now.n;
+          m.holders = now.by;
+          changed = true;
+        }
+        if (changed) render(m);
       }
     },
   };

@@ -21,7 +21,13 @@ def stub(panel_router: RouterStub) -> RouterStub:
     Preset.objects.create(name="demo-small", memory_estimate=64 << 20)
     Preset.objects.create(name="demo-large")
     panel_router.models = [
-        model_row("demo-small", "loaded", pinned=True),
+        model_row(
+            "demo-small",
+            "loaded",
+            pinned=True,
+            in_flight=3,
+            holders={"user:alice": 2, "key:bob/ci": 1},
+        ),
         model_row("demo-large", "loading", progress={"value": 0.25}),
         model_row("demo-medium", "unloaded", load_seconds=3.5),
     ]
@@ -49,6 +55,7 @@ class TestDashboard:
         small = card(text, "demo-small")
         assert 'data-field="state-text">loaded<' in small and ">●<" in small
         assert "⚑ pinned" in small and "64.0 MiB" in small and "4242" in small
+        assert 'data-field="in_flight">3<' in small and "user:alice ×2, key:bob/ci" in small
         assert '<button name="action" value="unload" data-show="running" >' in small
         large = card(text, "demo-large")
         assert 'value="25"' in large and "25%" in large and ">◐<" in large

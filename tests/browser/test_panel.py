@@ -173,9 +173,9 @@ def test_an_eviction_through_the_api_changes_the_victims_card_and_the_audit_feed
     console.assert_clean()
 
 
-def chat_as(server: PanelServer, model: str, request_id: str) -> tuple[int, Any]:
+def chat_as(server: PanelServer, model: str, request_id: str, tokens: int = 2) -> tuple[int, Any]:
     """A chat completion with our own X-Request-Id (the id the queue shows and cancels)."""
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens}
     request = urllib.request.Request(
         f"{server.url}/v1/chat/completions", json.dumps(body).encode(),
         {"Content-Type": "application/json", "X-Request-Id": request_id},
@@ -223,6 +223,23 @@ def test_an_operator_cancels_a_queued_request_from_the_dashboard(
             card(page, model).locator("button[value=unpin]").click()
             page.wait_for_selector(f'.model-card[data-model="{model}"] [data-field=pinned]',
                                    state="hidden")  # fmt: skip
+    assert same_page(page)
+    console.assert_clean()
+
+
+def test_a_card_shows_live_who_has_requests_in_flight(panel: Panel, quiet: PanelServer) -> None:
+    page, console = panel
+    mark_page(page)
+    assert quiet.post("/models/load", {"model": "demo-small"})[0] == 200
+    wait_state(page, "demo-small", "loaded")
+    small = '.model-card[data-model="demo-small"]'
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(chat_as, quiet, "demo-small", "browser-busy-1", 150)  # about 3 s
+        page.wait_for_selector(f"{small} [data-field=holders]:has-text('anonymous')")
+        assert card(page, "demo-small").locator("[data-field=in_flight]").inner_text() == "1"
+        assert busy.result(timeout=60)[0] == 200
+    page.wait_for_selector(f"{small} [data-field=in_flight]:text-is('0')")
+    assert card(page, "demo-small").locator("[data-field=holders]").inner_text() == ""
     assert same_page(page)
     console.assert_clean()
 

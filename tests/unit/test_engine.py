@@ -608,7 +608,7 @@ class TestEvents:
         assert set(a) == {
             "name", "aliases", "state", "state_since", "status", "failed", "stopping", "pid",
             "port",
-            "in_flight", "last_used", "loaded_at", "load_seconds", "queue_position",
+            "in_flight", "holders", "last_used", "loaded_at", "load_seconds", "queue_position",
             "queue_waiters", "memory",
             "pinned", "stop_timeout", "exit_code", "last_exit", "args", "info", "progress",
         }  # fmt: skip
@@ -715,6 +715,19 @@ class TestStartAndShutdown:
 
 
 class TestMemory:
+    async def test_each_sample_and_the_snapshot_say_who_has_requests_in_flight(
+        self, h: Harness
+    ) -> None:
+        await h.warm("a", "b")
+        for rid, actor in (("r1", "user:alice"), ("r2", "user:alice"), ("r3", "key:bob/ci")):
+            await h.engine.acquire("a", request_id=rid, actor=actor)
+        h.sup.post(MemorySampled(SystemMemory(16 << 30, 8 << 30, 8 << 30, 0, 0, None), ()))
+        await h.idle()
+        (sample,) = h.of("memory.sample")
+        by = {"user:alice": 2, "key:bob/ci": 1}
+        assert sample["in_flight"] == {"a": {"n": 3, "by": by}}  # b is idle: not listed
+        assert h.model("a")["holders"] == by and h.model("b")["holders"] == {}
+
     async def test_a_memory_sample_is_an_event_a_history_row_and_the_models_rss(
         self, h: Harness
     ) -> None:
@@ -725,6 +738,7 @@ class TestMemory:
         await h.idle()
         (sample,) = h.of("memory.sample")
         assert sample["children"] == {"a": {"pid": child.pid, "rss": 123 << 20}}
+        assert sample.pop("in_flight") == {}  # nothing is running a request
         assert h.engine.memory_history() == [sample]
         assert h.engine.snapshot()["memory"]["available"] == 8 << 30
         assert h.model("a")["memory"] == 123 << 20
