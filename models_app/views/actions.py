@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from models_app import audit
-from models_app.models import Preset
+from models_app.models import Preset, RouterSettings
 from models_app.views import common
 from models_app.views.common import ACTION_WAIT, Answer
 
@@ -70,8 +70,15 @@ def set_pinned(name: str, pinned: bool, actor: str, user_id: int | None) -> str 
         if preset is None:
             return f"there is no preset named {name!r}"
         before = audit.preset_state(preset)
-        preset.pinned = pinned
+        preset.pinned = pinned or _unpinned(preset)
         preset.updated_by_id = user_id  # type: ignore[attr-defined]
         preset.save(update_fields=["pinned", "updated_at", "updated_by"])
         audit.record_preset_change(before, preset, actor)
     return None
+
+
+def _unpinned(preset: Preset) -> bool | None:
+    """Unpinning goes back to inheriting ``[*]`` (None), so the preset matches its INI again;
+    only a ``[*]`` that pins every model needs an explicit False."""
+    global_def = RouterSettings.load().global_def()
+    return False if global_def is not None and global_def.pinned else None

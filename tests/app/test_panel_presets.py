@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from models_app.models import AuditEvent, AuditKind, Preset
+from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
 from models_app.views import common
 from tests.app.test_panel_support import RouterStub, model_row
 
@@ -161,6 +161,19 @@ class TestEdit:
         row = AuditEvent.objects.get(kind=AuditKind.PRESET_CHANGED)
         assert (row.actor, row.details["changes"]["pinned"]) == ("user:otto", [None, True])
         assert panel_router.of_kind("reload") == [{"actor": "user:otto"}]
+
+    def test_unpinning_inherits_again_unless_the_global_section_pins(
+        self, operator_client: Client, panel_router: RouterStub, preset: Preset
+    ) -> None:
+        for action in ("pin", "unpin"):
+            operator_client.post("/actions/model/", {"action": action, "model": "demo"})
+        assert Preset.objects.get().pinned is None  # as before the pin: it matches its INI
+        settings_row = RouterSettings.load()
+        settings_row.global_args = [["pinned", "true"]]
+        settings_row.save()
+        for action in ("pin", "unpin"):
+            operator_client.post("/actions/model/", {"action": action, "model": "demo"})
+        assert Preset.objects.get().pinned is False  # [*] pins: unpinning must say no
 
 
 INI = """\
