@@ -209,6 +209,10 @@ def test_an_operator_cancels_a_queued_request_from_the_dashboard(
             row = page.locator('#queue-body li[data-request-id="browser-waiter-1"]')
             row.wait_for()
             assert "anonymous" in row.inner_text()
+            page.set_viewport_size({"width": 390, "height": 844})  # the queue fits a phone too
+            assert page.evaluate("document.documentElement.scrollWidth") <= 390
+            screenshot(page, "panel-queue-phone.png")
+            page.set_viewport_size({"width": 1366, "height": 900})
             row.locator("button", has_text="Cancel").click()
             status, body = waiter.result(timeout=30)
             assert status == 499 and body["error"]["type"] == "cancelled"
