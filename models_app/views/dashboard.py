@@ -78,7 +78,7 @@ def _preset_facts(preset: Preset | None) -> dict[str, Any]:
     return {"preset_id": preset.pk, "estimate": preset.memory_estimate or preset.gguf_estimate}
 
 
-QUEUE_SHOWN = 5  # requests listed under each queue entry; the rest are counted
+QUEUE_SHOWN = 5  # requests listed under each queue entry (the router sends 5); the rest counted
 
 
 def queue_rows(snap: dict[str, Any] | None) -> list[dict[str, Any]]:

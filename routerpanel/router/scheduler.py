@@ -97,7 +97,7 @@ from routerpanel.router.states import (
 )
 
 RETRY_AFTER = 5  # seconds suggested to clients turned away by a queue limit (A8)
-QUEUE_VIEW_REQUESTS = 20  # waiters listed per entry in queue(): views stay O(entries)
+QUEUE_VIEW_REQUESTS = 5  # waiters listed per entry in queue() and its events: O(entries)
 ChildState = Literal["loading", "ready", "sleeping"]
 
 
@@ -123,12 +123,8 @@ class _Model:
     log_tail: tuple[str, ...] = ()
 
 
-@dataclass(slots=True)
-class _Waiter:
-    request_id: str
-    kind: RequestKind
-    actor: str
-    since: float
+# A waiter is immutable, so the queue keeps the very objects its views show (no copies per view).
+_Waiter = WaiterView
 
 
 @dataclass(slots=True)
@@ -485,10 +481,7 @@ class Scheduler:
         since = e.waiters[0].since if e.waiters else e.since  # arrival order: oldest first
         starting = self._fresh(m) and m.state is LOADING
         restart = e.restart_by is not None
-        head = tuple(
-            WaiterView(w.request_id, w.kind, w.actor, w.since)
-            for w in e.waiters[:QUEUE_VIEW_REQUESTS]
-        )
+        head = tuple(e.waiters[:QUEUE_VIEW_REQUESTS])
         n = len(e.waiters)
         return QueueEntryView(e.ticket, e.model, position, n, since, starting, restart, head)
 
