@@ -195,8 +195,9 @@ class RouterClient:
         return self._grant_or_raise(answer)
 
     async def _first_answer(self, reply: str) -> dict[str, Any]:
-        try:
-            return await asyncio.wait_for(self.layer.receive(reply), self.timeout)
+        try:  # not wait_for: on Python 3.11 that makes a task per call (every acquire)
+            async with asyncio.timeout(self.timeout):
+                return await self.layer.receive(reply)
         except TimeoutError:
             raise router_unavailable() from None
 

@@ -171,7 +171,7 @@ class RouterHost:
             wait.cancel()
             raise
         else:
-            ttl = self._engine.snapshot()["config"].get("lease_ttl", 30.0)
+            ttl = self._engine.config.lease_ttl  # not snapshot(): that builds every model's view
             answer = dict(bridge.granted(request_id, lease.lease_id, lease.model, lease.port, ttl))
         finally:
             self._acquires.pop(request_id, None)

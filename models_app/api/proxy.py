@@ -166,17 +166,36 @@ async def relay(api: Api, request: Request, model: str, port: int, body: bytes) 
 
 
 async def stream_back(request: Request, response: httpx.Response, port: int) -> None:
-    """Relay the child's status, headers and body chunks as they arrive (§8.13)."""
+    """Relay the child's status, headers and body chunks as they arrive (§8.13).
+
+    When the child gave a ``Content-Length``, the chunk that completes the body goes out with
+    the end of the response: one message to Daphne for a whole small answer instead of two.
+    (The loop still runs to its end, without waiting, so the connection goes back to the pool.)
+    """
     if response.status_code == 404:
         await request.respond(404, b"")  # the generic body replaces the child's (§9.3a keep)
         return
     await request.start(response.status_code, response_headers(response))
+    expected = content_length(response)
+    received, last = 0, b""
     try:
         async for chunk in response.aiter_raw():
-            await request.write(chunk)
+            received += len(chunk)
+            if received == expected:
+                last = chunk
+            else:
+                await request.write(chunk)
     except httpx.HTTPError as exc:  # the child died mid-response: the stream just ends (§3.6)
         log.warning("child on port %s broke off a response: %s", port, describe(exc))
-    await request.end()
+    await request.end(last)
+
+
+def content_length(response: httpx.Response) -> int | None:
+    """The body's length if the child framed it so (not chunked, not until close)."""
+    if "transfer-encoding" in response.headers:
+        return None
+    value = response.headers.get("content-length")
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def upstream_target(request: Request) -> str:

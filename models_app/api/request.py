@@ -177,9 +177,10 @@ class Request:
     async def write(self, chunk: bytes) -> None:
         await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
 
-    async def end(self) -> None:
+    async def end(self, chunk: bytes = b"") -> None:
+        """End a streamed response, ``chunk`` being its last bytes (one message, not two)."""
         self.finished = True
-        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": False})
 
 
 def too_large(limit: int) -> ApiError:

@@ -1,8 +1,12 @@
 """Keep-alive connection pools to the children, one per port, and the retry-once rule (§8.C).
 
-A pool (an ``httpx.AsyncClient``) is made the first time a port is granted and retired when its
-model shows up on another port (the child was restarted); a retired pool closes once its last
-request ends.
+A pool is an ``httpx.AsyncHTTPTransport`` (httpcore's connection pool), made the first time a
+port is granted and retired when its model shows up on another port (the child was restarted);
+a retired pool closes once its last request ends. Requests go to the transport directly, not
+through an ``httpx.AsyncClient``: the proxy needs none of the client's work (URL merging,
+cookies, auth, redirects, event hooks, default headers), which was about a third of its own time
+per request (bench/README.md, "The proxy's client"). So no ``Accept`` or ``User-Agent`` the
+client did not send reaches the child, and the timeouts go in each request's extensions.
 
 llama-server (cpp-httplib) closes a keep-alive connection after a stream, or when idle for 5 s,
 without saying so. httpcore drops a pooled connection it finds closed before reusing it, but the
@@ -25,12 +29,13 @@ import httpx
 from models_app.api.config import ApiConfig
 
 log = logging.getLogger(__name__)
-# httpx logs every request at INFO: one line per proxied request is Daphne's access log's job.
-logging.getLogger("httpx").setLevel(logging.WARNING)
 
 RETRYABLE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 Headers = Sequence[tuple[bytes, bytes]]
+
+# §8.11 drops the client's Accept-Encoding: the bytes pass through as the child made them.
+_IDENTITY = (b"accept-encoding", b"identity")
 
 
 class ChildPool:
@@ -40,30 +45,29 @@ class ChildPool:
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
         self._config = config
-        self.client = self._client(keepalive=config.max_keepalive_per_child)
-        self._fresh: httpx.AsyncClient | None = None
+        timeout = httpx.Timeout(config.upstream_timeout, connect=config.connect_timeout)
+        self._timeout = timeout.as_dict()  # what a Client would put in every request
+        self.transport = self._transport(keepalive=config.max_keepalive_per_child)
+        self._fresh: httpx.AsyncHTTPTransport | None = None
         self.active = 0
         self.retired = False
         self.retries = 0  # requests sent a second time (observability and tests)
 
-    def _client(self, keepalive: int) -> httpx.AsyncClient:
-        timeout = httpx.Timeout(self._config.upstream_timeout, connect=self._config.connect_timeout)
+    def _transport(self, keepalive: int) -> httpx.AsyncHTTPTransport:
         limits = httpx.Limits(
             max_connections=None,
             max_keepalive_connections=keepalive,
             keepalive_expiry=self._config.keepalive_expiry,
         )
-        return httpx.AsyncClient(
-            timeout=timeout,
-            limits=limits,
-            trust_env=False,  # never through an HTTP(S)_PROXY: children are on loopback
-            verify=False,  # plain HTTP; skips loading CA certificates for each pool
-            headers={"accept-encoding": "identity"},  # §8.11 drops the client's; bytes pass as-is
-            follow_redirects=False,
-        )
+        # Never through an HTTP(S)_PROXY (children are on loopback); plain HTTP, so no CA
+        # certificates are loaded for each pool.
+        return httpx.AsyncHTTPTransport(verify=False, trust_env=False, limits=limits)
 
     async def send(self, method: str, target: str, headers: Headers, body: bytes) -> httpx.Response:
-        """Send a request and return the response with its body still to be streamed."""
+        """Send a request and return the response with its body still to be streamed.
+
+        httpx adds ``Host`` and, for a body or a POST, ``Content-Length``; nothing else.
+        """
         reused = True
 
         async def trace(event: str, info: dict[str, Any]) -> None:
@@ -71,25 +75,26 @@ class ChildPool:
             if event == "connection.connect_tcp.started":
                 reused = False
 
-        request = self.client.build_request(
-            method, self.base + target, headers=headers, content=body, extensions={"trace": trace}
+        request = httpx.Request(
+            method,
+            self.base + target,
+            headers=[*headers, _IDENTITY],
+            content=body,
+            extensions={"timeout": self._timeout, "trace": trace},
         )
         try:
-            return await self.client.send(request, stream=True)
+            return await self.transport.handle_async_request(request)
         except RETRYABLE as exc:
             if not reused:
                 raise
             log.debug("pooled connection to port %s was closed (%s): retrying once", self.port, exc)
         self.retries += 1
         if self._fresh is None:
-            self._fresh = self._client(keepalive=0)
-        request = self._fresh.build_request(
-            method, self.base + target, headers=headers, content=body
-        )
-        return await self._fresh.send(request, stream=True)
+            self._fresh = self._transport(keepalive=0)
+        return await self._fresh.handle_async_request(request)  # the body is bytes: resendable
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.transport.aclose()
         if self._fresh is not None:
             await self._fresh.aclose()
 

@@ -128,9 +128,9 @@ class Command(BaseCommand):
 
     def _run(self, options: dict[str, Any]) -> None:
         from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
         from twisted.internet import defer, reactor
 
+        from models_app.management.commands._daphne import RouterPanelServer
         from routerpanel.asgi import application
 
         host_url = f"http://{options['host']}:{options['port']}/"
@@ -143,7 +143,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"RouterPanel on {host_url} (the panel; Django admin at {host_url}admin/)"
         )
-        Server(
+        RouterPanelServer(
             application=application,
             endpoints=build_endpoint_description_strings(
                 host=options["host"], port=options["port"]
