@@ -73,6 +73,7 @@ class Engine:
         )
         self._inbox: asyncio.Queue[commands.Command] = asyncio.Queue()
         self._feed = feed.Feed()
+        self._request_rows = feed.RequestRows()  # queued requests' rows, made once each
         self._facts = feed.Facts(math.ceil(3600 / memory_interval) if memory_interval else 3600)
         self._callers = commands.Callers()
         self._spawning: dict[str, asyncio.Task[None]] = {}  # until ChildStarted or the exit
@@ -454,7 +455,8 @@ class Engine:
         elif isinstance(decision, events.Stop | events.Kill):
             self._stop(decision)
         elif isinstance(decision, events.QueueChanged):
-            self._emit("queue.changed", feed.queue_data(decision.entries, self._wall))
+            data = feed.queue_data(decision.entries, self._wall, self._request_rows)
+            self._emit("queue.changed", data)
         elif isinstance(decision, events.Settled):
             self._emit("memory.settled", dataclasses.asdict(decision))
         elif isinstance(decision, events.PresetsReloaded):

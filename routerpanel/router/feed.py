@@ -35,6 +35,7 @@ from routerpanel.router.events import (
     StateChanged,
     Stop,
     Trigger,
+    WaiterView,
 )
 from routerpanel.router.memory import MemorySample, SystemMemory
 from routerpanel.router.supervisor import ChildExited, ChildReady, ChildStarted, LogLine
@@ -252,7 +253,51 @@ def state_data(change: StateChanged, nxt: Decision | None) -> dict[str, Any]:
     }
 
 
-def queue_data(entries: Iterable[QueueEntryView], wall: Callable[[float], float]) -> dict[str, Any]:
+class RequestRows:
+    """Make each queued request's JSON row once (engine-owned; rows are shared and read-only).
+
+    A queue event lists every entry with its oldest requests; at hundreds of entries, building
+    those rows anew for every join or leave cost more than the scheduler's decision. The
+    scheduler keeps the very same immutable waiter objects while they wait, so a row is keyed by
+    the object and rows of waiters no longer listed are dropped.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[int, tuple[WaiterView, dict[str, Any]]] = {}
+
+    def rows(self, entries: Iterable[QueueEntryView], wall: Callable[[float], float]) -> list[Any]:
+        """Return, per entry, the list of its requests' rows."""
+        used: dict[int, tuple[WaiterView, dict[str, Any]]] = {}
+        out = []
+        for e in entries:
+            rows = []
+            for w in e.requests:
+                hit = self._rows.get(id(w))
+                if hit is None or hit[0] is not w:  # a new waiter (or a reused id)
+                    hit = (w, request_row(w, wall))
+                used[id(w)] = hit
+                rows.append(hit[1])
+            out.append(rows)
+        self._rows = used
+        return out
+
+
+def request_row(w: WaiterView, wall: Callable[[float], float]) -> dict[str, Any]:
+    return {
+        "request_id": w.request_id,
+        "kind": w.kind.value,
+        "actor": w.actor,
+        "since": wall(w.since),
+    }
+
+
+def queue_data(
+    entries: Iterable[QueueEntryView],
+    wall: Callable[[float], float],
+    requests: RequestRows | None = None,
+) -> dict[str, Any]:
+    entries = tuple(entries)
+    listed = (requests or RequestRows()).rows(entries, wall)
     rows = [
         {
             "ticket": e.ticket,
@@ -262,17 +307,9 @@ def queue_data(entries: Iterable[QueueEntryView], wall: Callable[[float], float]
             "since": wall(e.since),
             "starting": e.starting,
             "restart": e.restart,
-            "requests": [
-                {
-                    "request_id": w.request_id,
-                    "kind": w.kind.value,
-                    "actor": w.actor,
-                    "since": wall(w.since),
-                }
-                for w in e.requests
-            ],
+            "requests": shown,
         }
-        for e in entries
+        for e, shown in zip(entries, listed, strict=True)
     ]
     return {"entries": rows, "depth": sum(row["waiters"] for row in rows)}
 

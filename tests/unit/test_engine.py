@@ -742,3 +742,22 @@ class TestMemory:
         assert h.engine.memory_history() == [sample]
         assert h.engine.snapshot()["memory"]["available"] == 8 << 30
         assert h.model("a")["memory"] == 123 << 20
+
+
+def test_queue_rows_are_made_once_per_waiting_request_and_dropped_when_it_leaves() -> None:
+    from routerpanel.router.events import QueueEntryView, RequestKind, WaiterView
+    from routerpanel.router.feed import RequestRows, queue_data
+
+    def wall(t: float) -> float:
+        return t + 100.0
+
+    a, b = (WaiterView(r, RequestKind.PROXY, "u", 1.0) for r in ("ra", "rb"))
+    rows = RequestRows()
+    first = queue_data([QueueEntryView(1, "m", 1, 2, 1.0, False, False, (a, b))], wall, rows)
+    again = queue_data([QueueEntryView(1, "m", 1, 1, 1.0, False, False, (b,))], wall, rows)
+    assert first["entries"][0]["requests"][1] is again["entries"][0]["requests"][0]  # reused
+    assert again == queue_data([QueueEntryView(1, "m", 1, 1, 1.0, False, False, (b,))], wall)
+    assert again["entries"][0]["requests"] == [
+        {"request_id": "rb", "kind": "proxy", "actor": "u", "since": 101.0}
+    ]
+    assert len(rows._rows) == 1  # ra's row went with it
