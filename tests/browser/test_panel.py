@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -231,17 +232,38 @@ def test_an_operator_cancels_a_queued_request_from_the_dashboard(
     console.assert_clean()
 
 
+BUSY_CARD = """() => {
+  const card = document.querySelector('.model-card[data-model="demo-small"]');
+  const n = card.querySelector('[data-field=in_flight]').textContent;
+  const who = card.querySelector('[data-field=holders]').textContent;
+  return n === "1" && who === "anonymous";
+}"""
+
+
 def test_a_card_shows_live_who_has_requests_in_flight(panel: Panel, quiet: PanelServer) -> None:
+    """Requests back to back keep demo-small busy (a demo answer takes 0.3 s) until a memory
+    sample, sent every second, has shown who is using it; then the card goes back to 0."""
     page, console = panel
     mark_page(page)
     assert quiet.post("/models/load", {"model": "demo-small"})[0] == 200
     wait_state(page, "demo-small", "loaded")
-    small = '.model-card[data-model="demo-small"]'
+    stop = threading.Event()
+
+    def keep_busy() -> int:
+        sent = 0
+        while not stop.is_set():
+            sent += 1
+            assert chat_as(quiet, "demo-small", f"browser-busy-{sent}", 16)[0] == 200
+        return sent
+
     with ThreadPoolExecutor(1) as pool:
-        busy = pool.submit(chat_as, quiet, "demo-small", "browser-busy-1", 150)  # about 3 s
-        page.wait_for_selector(f"{small} [data-field=holders]:has-text('anonymous')")
-        assert card(page, "demo-small").locator("[data-field=in_flight]").inner_text() == "1"
-        assert busy.result(timeout=60)[0] == 200
+        busy = pool.submit(keep_busy)
+        try:
+            page.wait_for_function(BUSY_CARD)
+        finally:
+            stop.set()
+        assert busy.result(timeout=60) >= 1
+    small = '.model-card[data-model="demo-small"]'
     page.wait_for_selector(f"{small} [data-field=in_flight]:text-is('0')")
     assert card(page, "demo-small").locator("[data-field=holders]").inner_text() == ""
     assert same_page(page)
