@@ -7,6 +7,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from django.db import transaction
 
@@ -111,6 +112,18 @@ def ensure_demo_presets() -> list[str]:
 
 
 # ---- --models-preset --------------------------------------------------------------------------
+
+
+def import_preset_file(path: str, stdout: Any) -> None:
+    """Import ``--models-preset`` at start, printing the report, and remember the text imported.
+
+    Raises OSError for an unreadable file and CommandError for a malformed one.
+    """
+    from django.core.management import call_command
+
+    data = Path(path).read_bytes()
+    call_command("import_presets", path, stdout=stdout)
+    remember_preset_file(path, data)
 
 
 def remember_preset_file(path: str, data: bytes) -> None:

@@ -123,10 +123,6 @@ class _Model:
     log_tail: tuple[str, ...] = ()
 
 
-# A waiter is immutable, so the queue keeps the very objects its views show (no copies per view).
-_Waiter = WaiterView
-
-
 @dataclass(slots=True)
 class _Entry:
     """One model's place in the queue; ``waiters`` are in arrival order, so oldest first."""
@@ -134,7 +130,7 @@ class _Entry:
     ticket: int
     model: str
     since: float
-    waiters: list[_Waiter] = field(default_factory=list)
+    waiters: list[WaiterView] = field(default_factory=list)  # immutable: views share them
     restart_by: str | None = None  # a reload restart holds the entry without waiters (A14)
 
 
@@ -184,10 +180,10 @@ class Scheduler:
         if request_id in self._waiting or request_id in self._granted:
             raise ValueError(f"request id {request_id!r} is already in use")
         self._begin()
-        self._arrive(_Waiter(request_id, kind, actor, now), model, now)
+        self._arrive(WaiterView(request_id, kind, actor, now), model, now)
         return self._end(now)
 
-    def _arrive(self, w: _Waiter, name: str, now: float) -> None:
+    def _arrive(self, w: WaiterView, name: str, now: float) -> None:
         m = self._models.get(name)
         load = w.kind is RequestKind.LOAD
         if (m is None or m.removed) and load:  # (1)
@@ -649,7 +645,7 @@ class Scheduler:
             idle = now - m.last_used
             self._emit(Stop(m.spec.name, reason, trigger, m.spec.stop_timeout, idle, m.in_flight))
 
-    def _grant(self, w: _Waiter, m: _Model, now: float) -> None:
+    def _grant(self, w: WaiterView, m: _Model, now: float) -> None:
         m.last_used = now
         if w.kind is RequestKind.PROXY:
             m.in_flight += 1
@@ -657,7 +653,7 @@ class Scheduler:
         self._emit(Grant(w.request_id, m.spec.name, w.kind))
 
     def _reject(
-        self, w: _Waiter, model: str, status: int, error_type: str, message: str,
+        self, w: WaiterView, model: str, status: int, error_type: str, message: str,
         retry_after: int | None = None, details: tuple[str, ...] = (),
     ) -> None:  # fmt: skip
         self._emit(Reject(w.request_id, model, status, error_type, message, retry_after, details))

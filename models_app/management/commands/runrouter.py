@@ -112,12 +112,7 @@ class Command(BaseCommand):
 
     def _import_sources(self, options: dict[str, Any]) -> None:
         if options["models_preset"]:
-            from django.core.management import call_command
-
-            path = options["models_preset"]
-            data = Path(path).read_bytes()
-            call_command("import_presets", path, stdout=self.stdout)
-            sources.remember_preset_file(path, data)
+            sources.import_preset_file(options["models_preset"], self.stdout)
         if options["models_dir"]:
             try:
                 sources.import_models_dir(options["models_dir"])

@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import shutil
 import sys
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -97,15 +96,10 @@ class Command(BaseCommand):
     def _import_sources(self, options: dict[str, Any]) -> None:
         """Bring ``--models-preset``, ``--models-dir`` and ``--demo`` into the database."""
         if options["models_preset"]:
-            from django.core.management import call_command
-
-            path = options["models_preset"]
             try:
-                data = Path(path).read_bytes()
-                call_command("import_presets", path, stdout=self.stdout)
+                sources.import_preset_file(options["models_preset"], self.stdout)
             except (OSError, CommandError) as exc:
                 raise CommandError(f"failed to initialize router models: {exc}") from None
-            sources.remember_preset_file(path, data)
         if options["models_dir"]:
             try:
                 names = sources.import_models_dir(options["models_dir"])
