@@ -162,7 +162,7 @@ class PresetForm(forms.ModelForm):
         model = Preset
         fields = (
             "name", "model_path", "enabled", "stop_timeout", "load_on_startup", "pinned", "ttl",
-            "load_timeout", "server_bin",
+            "load_timeout", "hang_timeout", "server_bin",
         )  # fmt: skip
         widgets = {"name": forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"})}
 
@@ -214,7 +214,8 @@ class SettingsForm(forms.ModelForm):
         model = RouterSettings
         fields = (
             "models_max", "memory_budget", "memory_headroom", "settle_timeout", "max_waiters",
-            "max_wait", "default_stop_timeout", "quarantine_after", "server_binary",
+            "max_wait", "default_stop_timeout", "default_hang_timeout", "quarantine_after",
+            "server_binary",
             "require_api_key", "audit_retention_days",
         )  # fmt: skip
         labels = {"require_api_key": "Require an API key for the router API"}

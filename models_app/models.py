@@ -140,6 +140,14 @@ class Preset(models.Model):
     load_timeout = models.PositiveIntegerField(
         null=True, blank=True, help_text="Seconds a load may take before it is killed and failed."
     )
+    hang_timeout = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Seconds a busy model may go without sending a byte before the watchdog "
+        "checks it and, if it made no progress, kills it. 0: off. Empty: the [*] value, else "
+        "the router default.",
+    )
     memory_estimate = models.PositiveBigIntegerField(
         null=True,
         blank=True,
@@ -196,6 +204,7 @@ class Preset(models.Model):
             pinned=self.pinned,
             ttl=self.ttl,
             load_timeout=self.load_timeout,
+            hang_timeout=self.hang_timeout,
             memory=self.memory_estimate,
             server_bin=self.server_bin,
             enabled=self.enabled,
@@ -212,6 +221,7 @@ class Preset(models.Model):
         self.pinned = preset.pinned
         self.ttl = preset.ttl
         self.load_timeout = preset.load_timeout
+        self.hang_timeout = preset.hang_timeout
         self.memory_estimate = preset.memory
         self.server_bin = preset.server_bin
         self.enabled = preset.enabled
@@ -252,6 +262,13 @@ class RouterSettings(models.Model):
     )
     default_stop_timeout = models.PositiveIntegerField(
         default=10, validators=[MinValueValidator(0)], help_text="Seconds, when a preset sets none."
+    )
+    default_hang_timeout = models.FloatField(
+        "default hang timeout",
+        default=60,
+        validators=[MinValueValidator(0)],
+        help_text="Seconds a busy model may go without sending a byte before the watchdog "
+        "probes it, when its preset sets none. 0: no watchdog.",
     )
     quarantine_after = models.PositiveIntegerField(
         default=3,
@@ -446,6 +463,13 @@ class AuditKind(models.TextChoices):
     SETTINGS_CHANGED = "settings_changed", "settings changed"
     AUTH_FAILED = "auth_failed", "API login failed"
     RETENTION = "retention", "audit rows deleted (retention)"
+    HUNG = "hung", "hung child killed"
+    CRASH_BACKOFF = "crash_backoff", "crash-loop back-off"
+    MESSAGE_EXPIRED = "message_expired", "expired message dropped"
+    OUTAGE = "outage", "service outage"
+    LOGIN_FAILED = "login_failed", "panel login failed"
+    LOGIN_LOCKED = "login_locked", "panel login locked out"
+    LOGIN_UNLOCKED = "login_unlocked", "panel login unlocked"
 
 
 class AuditEventQuerySet(models.QuerySet["AuditEvent"]):

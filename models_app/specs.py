@@ -87,6 +87,7 @@ def _spec(
     env.update(definition.env)
     ttl = pick("ttl", None)
     load_timeout = pick("load_timeout", None)
+    hang_timeout = pick("hang_timeout", settings_row.default_hang_timeout)
     return PresetSpec(
         name=definition.name,
         argv=argv,
@@ -94,6 +95,7 @@ def _spec(
         env=tuple(env.items()),
         stop_timeout=float(pick("stop_timeout", settings_row.default_stop_timeout)),  # type: ignore[arg-type]
         load_timeout=float(load_timeout) if load_timeout else None,  # type: ignore[arg-type]
+        hang_timeout=float(hang_timeout) if hang_timeout else None,  # type: ignore[arg-type]
         ttl=float(ttl) if ttl else None,  # type: ignore[arg-type]
         pinned=bool(pick("pinned", False)),
         load_on_startup=bool(pick("load_on_startup", False)),

@@ -46,7 +46,8 @@ class PresetSpec:
     appends those. ``command`` (argv, env, protocol) is what A14 compares on reload: any other
     field changes without a restart. ``ttl`` is ignored while ``pinned`` (a pin means "keep it").
     ``memory_estimate`` is in bytes; an unknown estimate counts as 0 against the memory budget.
-    ``speaks_child_protocol`` is True for llama-server (state lines on stdout, S3); other server
+    ``hang_timeout`` turns on the watchdog: a busy child that sends no byte for that long is
+    probed and killed if it made no progress. ``speaks_child_protocol`` is True for llama-server (state lines on stdout, S3); other server
     binaries are polled on ``/health``.
     """
 
@@ -56,6 +57,7 @@ class PresetSpec:
     env: tuple[tuple[str, str], ...] = ()
     stop_timeout: float = 10.0
     load_timeout: float | None = None
+    hang_timeout: float | None = None  # None: no watchdog for this model
     ttl: float | None = None
     pinned: bool = False
     load_on_startup: bool = False
@@ -71,6 +73,7 @@ class PresetSpec:
         self._check_env(owner)
         _positive(owner, "stop_timeout", self.stop_timeout, allow_zero=True)  # 0: kill at once
         _positive(owner, "load_timeout", self.load_timeout, allow_none=True)
+        _positive(owner, "hang_timeout", self.hang_timeout, allow_none=True)
         _positive(owner, "ttl", self.ttl, allow_none=True)
         if self.memory_estimate is not None:
             _check_int(owner, "memory_estimate", self.memory_estimate, minimum=0)

@@ -11,8 +11,8 @@ Three kinds of keys:
   option fills ``model_path``; the others stay in ``args`` as written, in file order.
 * llama.cpp's router-only keys: ``load-on-startup``, ``stop-timeout``, ``dedup-cache-models``.
 * RouterPanel's keys, which llama.cpp would reject, so ``--llama-compatible`` export leaves them
-  out: ``server-bin``, ``pinned``, ``ttl``, ``load-timeout``, ``memory``, ``enabled`` and
-  ``env.NAME``.
+  out: ``server-bin``, ``pinned``, ``ttl``, ``load-timeout``, ``hang-timeout``, ``memory``,
+  ``enabled`` and ``env.NAME``.
 
 A section with its own ``server-bin`` runs another program with flags of its own, so its unknown
 keys are passed through as ``--key value`` instead of being rejected.
@@ -20,6 +20,7 @@ keys are passed through as ``--key value`` instead of being rejected.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Iterable
@@ -34,7 +35,9 @@ ROUTER_KEY_ENV_NAMES = {
     "__PRESET_STOP_TIMEOUT": "stop-timeout",
     "__PRESET_DEDUP_CACHE_MODELS": "dedup-cache-models",
 }
-ROUTERPANEL_KEYS = ("server-bin", "pinned", "ttl", "load-timeout", "memory", "enabled")
+ROUTERPANEL_KEYS = (
+    "server-bin", "pinned", "ttl", "load-timeout", "hang-timeout", "memory", "enabled",
+)  # fmt: skip
 ENV_PREFIX = "env."
 DEFAULT_STOP_TIMEOUT = 10
 # Options the router sets or strips itself (ROUTER_SPEC 4.2, 12.4): never rendered from a preset.
@@ -54,6 +57,7 @@ RESERVED_KEYS = frozenset(
 )
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DECIMAL = re.compile(r"\d+(?:\.\d+)?")
 _LEADING_INT = re.compile(r"[ \t\n\v\f\r]*([+-]?\d+)")
 _SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]?)(?:i?B)?", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -73,6 +77,7 @@ class PresetDef:
     pinned: bool | None = None
     ttl: int | None = None
     load_timeout: int | None = None
+    hang_timeout: float | None = None  # seconds without progress before the watchdog probes
     memory: int | None = None
     server_bin: str = ""
     enabled: bool = True
@@ -164,6 +169,8 @@ def _router_key(
         fields[key] = parse_bool(key, value)
     elif key in ("ttl", "load-timeout"):
         fields[key.replace("-", "_")] = parse_seconds(key, value)
+    elif key == "hang-timeout":
+        fields["hang_timeout"] = parse_duration(key, value)
     elif key == "memory":
         fields["memory"] = parse_size(value)
 
@@ -195,6 +202,21 @@ def parse_seconds(key: str, value: str) -> int:
     if not value.isdigit():
         raise ValueError(f"{key} = {value!r}: expected a whole number of seconds (0 or more)")
     return int(value)
+
+
+def parse_duration(key: str, value: str) -> float:
+    """Read a non-negative number of seconds (``60``, ``2.5``); 0 means "off"."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not math.isfinite(number) or number < 0 or not _DECIMAL.fullmatch(value.strip()):
+        raise ValueError(f"{key} = {value!r}: expected a number of seconds (0 or more; 0 = off)")
+    return number
+
+
+def format_duration(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def parse_size(value: str) -> int:
@@ -285,6 +307,8 @@ def _routerpanel_pairs(preset: PresetDef) -> list[tuple[str, str]]:
         pairs.append(("ttl", str(preset.ttl)))
     if preset.load_timeout is not None:
         pairs.append(("load-timeout", str(preset.load_timeout)))
+    if preset.hang_timeout is not None:
+        pairs.append(("hang-timeout", format_duration(preset.hang_timeout)))
     if preset.memory is not None:
         pairs.append(("memory", format_size(preset.memory)))
     if not preset.enabled:

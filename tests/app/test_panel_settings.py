@@ -21,6 +21,7 @@ def body(**fields: Any) -> dict[str, Any]:
         "models_max": row.models_max, "memory_budget": "", "memory_headroom": "",
         "settle_timeout": row.settle_timeout, "max_waiters": "", "max_wait": "",
         "default_stop_timeout": row.default_stop_timeout,
+        "default_hang_timeout": row.default_hang_timeout,
         "quarantine_after": row.quarantine_after, "server_binary": row.server_binary,
         "audit_retention_days": "",
     }  # fmt: skip

@@ -104,10 +104,11 @@ class TestRouterKeys:
     def test_routerpanel_keys_are_read_into_fields(self) -> None:
         text = (
             "[m]\npinned = true\nttl = 300\nload-timeout = 60\nmemory = 8G\nenabled = off\n"
-            "env.CUDA_VISIBLE_DEVICES = 0\n"
+            "env.CUDA_VISIBLE_DEVICES = 0\nhang-timeout = 2.5\n"
         )
         preset = parse_presets(text).presets[0]
         assert (preset.pinned, preset.ttl, preset.load_timeout) == (True, 300, 60)
+        assert preset.hang_timeout == 2.5
         assert preset.memory == 8 << 30
         assert preset.enabled is False
         assert preset.env == (("CUDA_VISIBLE_DEVICES", "0"),)
@@ -118,6 +119,10 @@ class TestRouterKeys:
             ("pinned = maybe", "pinned = 'maybe': use true or false"),
             ("ttl = -1", "ttl = '-1': expected a whole number"),
             ("load-timeout = 1.5", "expected a whole number"),
+            ("hang-timeout = -1", "hang-timeout = '-1': expected a number of seconds"),
+            ("hang-timeout = soon", "hang-timeout = 'soon': expected a number of seconds"),
+            ("hang-timeout = nan", "expected a number of seconds"),
+            ("hang-timeout = 1e3", "expected a number of seconds"),
             ("memory = lots", "memory = 'lots': expected a size"),
             ("server-bin = 'unclosed", "No closing quotation"),
             ("env.1BAD = x", "environment variable names"),
@@ -192,6 +197,7 @@ def preset_defs(draw: st.DrawFn, name: str) -> PresetDef:
         pinned=draw(st.one_of(st.none(), st.booleans())),
         ttl=draw(st.one_of(st.none(), st.integers(0, 10_000))),
         load_timeout=draw(st.one_of(st.none(), st.integers(0, 10_000))),
+        hang_timeout=draw(st.one_of(st.none(), st.integers(0, 600), st.sampled_from([0.5, 2.5]))),
         memory=draw(st.one_of(st.none(), st.integers(0, 1 << 40))),
         enabled=draw(st.booleans()),
     )
