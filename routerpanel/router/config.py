@@ -47,8 +47,8 @@ class PresetSpec:
     field changes without a restart. ``ttl`` is ignored while ``pinned`` (a pin means "keep it").
     ``memory_estimate`` is in bytes; an unknown estimate counts as 0 against the memory budget.
     ``hang_timeout`` turns on the watchdog: a busy child that sends no byte for that long is
-    probed and killed if it made no progress. ``speaks_child_protocol`` is True for llama-server (state lines on stdout, S3); other server
-    binaries are polled on ``/health``.
+    probed and killed if it made no progress. ``speaks_child_protocol`` is True for llama-server
+    (state lines on stdout, S3); other server binaries are polled on ``/health``.
     """
 
     name: str
