@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from routerpanel.router.config import PresetSpec, RouterConfig
 from routerpanel.router.events import Grant, Reject, RequestKind
 from routerpanel.router.memory import ChildMemory, SystemMemory, children_memory, system_memory
 from routerpanel.router.supervisor import SupervisorEvent
+from routerpanel.router.watchdog import Reading
 
 
 class RouterError(Exception):
@@ -90,6 +93,7 @@ class Acquire:
     kind: RequestKind
     autoload: bool
     future: asyncio.Future[Lease | None]
+    renewable: bool = True  # False: a caller in this process, whose lease never expires
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,24 @@ class MemorySampled:
 
 
 @dataclass(frozen=True)
+class ProbeDone:
+    """The watchdog's probe of a busy child came back (``reading`` None: no answer in time)."""
+
+    model: str
+    instance: int
+    reading: Reading | None
+    seconds: float  # how long the probe took
+
+
+@dataclass(frozen=True)
+class Note:
+    """Publish an event the engine did not decide (an adapter's fact: a dropped message)."""
+
+    type: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Quit:
     """Stop the inbox loop (last command of shutdown)."""
 
@@ -168,6 +190,8 @@ Command = (
     | Shutdown
     | Tick
     | MemorySampled
+    | ProbeDone
+    | Note
     | Quit
     | SupervisorEvent
 )
@@ -249,7 +273,19 @@ def fail(future: asyncio.Future[Any], error: BaseException) -> None:
 @dataclass(eq=False)
 class _LeaseRecord:
     lease: Lease
-    expires_at: float  # moves on renew(); the caller's copy does not
+    expires_at: float  # moves on renew(); the caller's copy does not (inf: never expires)
+
+
+@dataclass(eq=False)
+class _ModelLeases:
+    """A model's leases in flight and the last byte sent on any of them (the watchdog's input)."""
+
+    count: int
+    last_progress: float
+    instance: int  # the child's port at grant time: a new child is a new watch
+
+
+REVOKED_KEPT = 10_000  # revoked leases remembered for their callers' "why?" (oldest dropped)
 
 
 class Callers:
@@ -263,15 +299,25 @@ class Callers:
         self._waiters: dict[str, Acquire] = {}
         self._leases: dict[str, _LeaseRecord] = {}
         self._by_request: dict[str, str] = {}  # request id -> lease id
+        self._models: dict[str, _ModelLeases] = {}
+        self._revoked: dict[str, RouterError] = {}  # lease id -> why it was ended (insertion order)
+        self._expiries: list[tuple[float, str]] = []  # heap; stale entries are skipped lazily
 
     def busy(self, request_id: str) -> bool:
         return request_id in self._waiters or request_id in self._by_request
 
+    def renewable(self, request_id: str) -> bool:
+        waiter = self._waiters.get(request_id)
+        return waiter is None or waiter.renewable
+
     def wait(self, command: Acquire) -> None:
         self._waiters[command.request_id] = command
 
-    def grant(self, grant: Grant, port: int, expires_at: float) -> bool:
-        """Answer the waiter; False when a proxy grant found nobody to take it (release it)."""
+    def grant(self, grant: Grant, port: int, expires_at: float, now: float) -> bool:
+        """Answer the waiter; False when a proxy grant found nobody to take it (release it).
+
+        ``expires_at`` is ``math.inf`` for a caller in this process, which never renews.
+        """
         waiter = self._waiters.pop(grant.request_id, None)
         if waiter is None or grant.kind is RequestKind.LOAD:
             if waiter is not None:
@@ -283,6 +329,13 @@ class Callers:
         lease = Lease(lease_id, grant.request_id, grant.model, port, expires_at, waiter.actor)
         self._leases[lease.lease_id] = _LeaseRecord(lease, expires_at)
         self._by_request[lease.request_id] = lease.lease_id
+        if expires_at != math.inf:
+            heapq.heappush(self._expiries, (expires_at, lease_id))
+        busy = self._models.get(grant.model)
+        if busy is None or busy.instance != port:
+            self._models[grant.model] = _ModelLeases(1, now, port)
+        else:
+            busy.count += 1
         waiter.future.set_result(lease)
         return True
 
@@ -293,28 +346,67 @@ class Callers:
     def leave(self, request_id: str) -> None:
         """Forget a request whose client left: its acquire raises 499, its lease ends."""
         self.reject(request_id, RouterError(499, "cancelled", "the request was cancelled"))
-        if (lease_id := self._by_request.pop(request_id, None)) is not None:
-            del self._leases[lease_id]
+        if (lease_id := self._by_request.get(request_id)) is not None:
+            self.release(lease_id)
 
     def release(self, lease_id: str) -> str | None:
         """End a lease; return its request id, or None if it had already ended."""
+        self._revoked.pop(lease_id, None)
         record = self._leases.pop(lease_id, None)
         if record is None:
             return None
         del self._by_request[record.lease.request_id]
+        busy = self._models.get(record.lease.model)
+        if busy is not None and busy.instance == record.lease.port:
+            busy.count -= 1
+            if busy.count <= 0:
+                del self._models[record.lease.model]
         return record.lease.request_id
 
     def renew(self, lease_id: str, expires_at: float) -> bool:
         record = self._leases.get(lease_id)
-        if record is not None:
+        if record is not None and expires_at > record.expires_at:
             record.expires_at = expires_at
+            heapq.heappush(self._expiries, (expires_at, lease_id))
         return record is not None
+
+    def progress(self, lease_id: str, at: float) -> None:
+        """A byte went out on this lease at ``at`` (engine clock): the child is not hung."""
+        record = self._leases.get(lease_id)
+        if record is None:
+            return
+        busy = self._models.get(record.lease.model)
+        if busy is not None and busy.instance == record.lease.port and at > busy.last_progress:
+            busy.last_progress = at
+
+    def in_flight(self) -> dict[str, tuple[int, float, int]]:
+        """Return model -> (leases, last progress, child instance) for models with leases."""
+        return {m: (b.count, b.last_progress, b.instance) for m, b in self._models.items()}
+
+    def revoke(self, model: str, error: RouterError) -> list[str]:
+        """End every lease of ``model`` and remember why, for callers that ask (the watchdog's
+        kill). Returns the request ids, to be finished in the scheduler."""
+        ended = [r.lease for r in self._leases.values() if r.lease.model == model]
+        for lease in ended:
+            self.release(lease.lease_id)
+            self._revoked[lease.lease_id] = error
+        while len(self._revoked) > REVOKED_KEPT:
+            del self._revoked[next(iter(self._revoked))]
+        return [lease.request_id for lease in ended]
+
+    def why_ended(self, lease_id: str) -> RouterError | None:
+        """Return why the router ended this lease (it was revoked), or None."""
+        return self._revoked.get(lease_id)
 
     def expired(self, now: float) -> list[Lease]:
         """End and return the leases not renewed in time (DESIGN §5)."""
-        gone = [r.lease for r in self._leases.values() if r.expires_at <= now]
-        for lease in gone:
-            self.release(lease.lease_id)
+        gone: list[Lease] = []
+        while self._expiries and self._expiries[0][0] <= now:
+            at, lease_id = heapq.heappop(self._expiries)
+            record = self._leases.get(lease_id)
+            if record is not None and record.expires_at == at:  # else renewed or ended
+                self.release(lease_id)
+                gone.append(record.lease)
         return gone
 
     def holders(self) -> dict[str, dict[str, int]]:
@@ -326,7 +418,13 @@ class Callers:
         return out
 
     def next_expiry(self) -> float | None:
-        return min((r.expires_at for r in self._leases.values()), default=None)
+        while self._expiries:
+            at, lease_id = self._expiries[0]
+            record = self._leases.get(lease_id)
+            if record is not None and record.expires_at == at:
+                return at
+            heapq.heappop(self._expiries)  # stale: renewed since, or ended
+        return None
 
     def close(self, error: RouterError) -> None:
         """Fail every waiter and forget every lease (shutdown)."""
@@ -334,3 +432,5 @@ class Callers:
             self.reject(request_id, error)
         self._leases.clear()
         self._by_request.clear()
+        self._models.clear()
+        self._expiries.clear()

@@ -24,16 +24,16 @@ import math
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from routerpanel.router import commands, events, feed, memory, supervisor
+from routerpanel.router import commands, events, feed, memory, probe, supervisor, watchdog
 from routerpanel.router.commands import Lease, RouterError, fail, resolve, unavailable
 from routerpanel.router.config import PresetSpec, RouterConfig, preset_map, startup_loads
 from routerpanel.router.feed import EngineEvent, Subscription
 from routerpanel.router.scheduler import NotRunningError, Scheduler, UnknownModelError
-from routerpanel.router.states import RUNNING, SERVABLE
+from routerpanel.router.states import LOADED, RUNNING, SERVABLE
 
 __all__ = ["Engine", "EngineEvent", "Lease", "RouterError", "Subscription"]
 
@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SHUTDOWN_GRACE = 15.0  # past the longest stop-timeout: SIGKILL grace and reaping (S4, S6)
 EVICTIONS = (events.StopReason.EVICTION, events.StopReason.SHRINK)
+HUNG = events.StopReason.HUNG
 Post = Callable[[supervisor.SupervisorEvent], None]
+Prober = Callable[[int, float], Awaitable[watchdog.Reading | None]]
 
 
 class Engine:
@@ -57,6 +59,7 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         supervisor_factory: Callable[[Post], supervisor.Supervisor] | None = None,
         router_port: int = 0,
+        prober: Prober = probe.read_slots,
     ) -> None:
         self._config = config
         self._specs = preset_map(presets)
@@ -79,6 +82,10 @@ class Engine:
         self._spawning: dict[str, asyncio.Task[None]] = {}  # until ChildStarted or the exit
         self._kill_on_start: set[str] = set()  # Kill decided while the spawn was in flight
         self._timer = commands.Timer(clock, self._post)
+        self._watchdog = watchdog.Watchdog()
+        self._prober = prober
+        self._hangs: dict[str, dict[str, Any]] = {}  # model -> the verdict's facts, until killed
+        self._probes: set[asyncio.Task[None]] = set()
         self._sample_soon = asyncio.Event()
         self._drained = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -93,6 +100,7 @@ class Engine:
             commands.UpdateSettings: self._on_settings,
             commands.Shutdown: self._on_shutdown, commands.Tick: self._on_tick,
             commands.MemorySampled: self._on_memory, supervisor.LogLine: self._on_log,
+            commands.ProbeDone: self._on_probe, commands.Note: self._on_note,
             supervisor.ChildStarted: self._on_started, supervisor.ChildState: self._on_state,
             supervisor.ChildReady: self._on_ready, supervisor.ChildStuck: self._on_stuck,
             supervisor.ChildExited: self._on_exited,
@@ -134,21 +142,49 @@ class Engine:
         return leftovers
 
     async def acquire(
-        self, model: str, *, request_id: str, actor: str = "", autoload: bool = True
+        self,
+        model: str,
+        *,
+        request_id: str,
+        actor: str = "",
+        autoload: bool = True,
+        renewable: bool = True,
     ) -> Lease:
         """Wait in the model's queue entry (A2) until granted; raise RouterError if rejected.
 
         Cancelling the awaiting task makes the waiter leave (A7) or releases a fresh grant;
-        ``cancel(request_id)`` from elsewhere makes it raise RouterError 499.
+        ``cancel(request_id)`` from elsewhere makes it raise RouterError 499. A caller in this
+        process passes ``renewable=False``: its lease never expires, so it never renews.
         """
         name = self._require(model, 400, "invalid_request_error")
-        lease = await self._request(name, request_id, actor, events.RequestKind.PROXY, autoload)
+        kind = events.RequestKind.PROXY
+        lease = await self._request(name, request_id, actor, kind, autoload, renewable)
         assert lease is not None
         return lease
 
-    def renew(self, lease_id: str) -> bool:
-        """Push the lease's expiry to now + lease_ttl; False if it is unknown (ended)."""
-        return self._callers.renew(lease_id, self._clock() + self._config.lease_ttl)
+    def renew(self, lease_id: str, *, idle: float | None = None) -> bool:
+        """Push the lease's expiry to now + lease_ttl; False if it is unknown (ended).
+
+        ``idle``: seconds since the caller last sent a byte of this request's answer (the hang
+        watchdog's input from another process).
+        """
+        now = self._clock()
+        if idle is not None:
+            self._callers.progress(lease_id, now - max(0.0, idle))
+        return self._callers.renew(lease_id, now + self._config.lease_ttl)
+
+    def progress(self, lease_id: str) -> None:
+        """A byte of the leased request's answer went out now: the child is not hung. Cheap
+        enough to call per chunk; writes without a round trip, like ``renew``."""
+        self._callers.progress(lease_id, self._clock())
+
+    def why_ended(self, lease_id: str) -> RouterError | None:
+        """Return the error the router ended this lease with (a hung child), or None."""
+        return self._callers.why_ended(lease_id)
+
+    def note(self, type_: str, data: dict[str, Any]) -> None:
+        """Publish an adapter's fact (a dropped message) in order with the engine's events."""
+        self._post(commands.Note(type_, data))
 
     def release(self, lease_id: str) -> None:
         """Finish the leased request; idempotent."""
@@ -274,7 +310,8 @@ class Engine:
                 self._drained.set()
 
     def _rearm_timer(self) -> None:
-        due = (self._scheduler.next_deadline(), self._callers.next_expiry())
+        watch = self._watchdog.next_deadline(self._busy())
+        due = (self._scheduler.next_deadline(), self._callers.next_expiry(), watch)
         self._timer.arm(min((t for t in due if t is not None), default=None))
 
     def _live_pids(self) -> dict[str, int]:
@@ -368,6 +405,79 @@ class Engine:
             self._emit("lease.expired", data | {"model": lease.model, "actor": lease.actor})
             self._apply(self._scheduler.request_finished(lease.request_id, now=now))
         self._apply(self._scheduler.tick(now=now))
+        for name in self._watchdog.due(self._busy(), now):
+            self._start_probe(name)
+
+    def _on_note(self, cmd: commands.Note) -> None:
+        self._emit(cmd.type, cmd.data)
+
+    # ---- the hang watchdog (watchdog.py) ----------------------------------------------------
+
+    def _busy(self) -> list[watchdog.Busy]:
+        """Loaded models with requests in flight and a hang timeout: the watchdog's charges."""
+        out = []
+        for name, (_, last, instance) in self._callers.in_flight().items():
+            spec = self._specs.get(name)
+            if spec is None or not spec.hang_timeout:
+                continue
+            view = self._scheduler.model(name)
+            if view.state is LOADED and not view.stopping:
+                out.append(watchdog.Busy(name, spec.hang_timeout, last, instance))
+        return out
+
+    def _start_probe(self, name: str) -> None:
+        port = self._facts.child(name).port
+        spec = self._specs.get(name)
+        if port is None or spec is None or not spec.hang_timeout:
+            return
+        timeout = watchdog.probe_gap(spec.hang_timeout)
+
+        async def run() -> None:
+            started = self._clock()
+            reading = await self._prober(port, timeout)
+            self._post(commands.ProbeDone(name, port, reading, self._clock() - started))
+
+        task = asyncio.create_task(run(), name=f"probe {name}")
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+
+    def _on_probe(self, done: commands.ProbeDone) -> None:
+        spec = self._specs.get(done.model)
+        if spec is None or not spec.hang_timeout:
+            return
+        now = self._clock()
+        verdict = self._watchdog.judge(
+            done.model, done.instance, done.reading, now, spec.hang_timeout
+        )
+        if verdict is not watchdog.Verdict.HUNG:
+            return
+        busy = self._callers.in_flight().get(done.model)
+        idle = now - busy[1] if busy is not None else spec.hang_timeout
+        if done.reading is None:
+            how = f"no answer to GET /slots within {done.seconds:.1f} s"
+        else:
+            gap = watchdog.probe_gap(spec.hang_timeout)
+            how = f"its progress counters did not move in {gap:g} s"
+        self._kill_hung(done.model, idle, how)
+
+    def _kill_hung(self, name: str, idle: float, how: str) -> None:
+        """End the hung child's requests with a clear error, then SIGKILL its group (S4)."""
+        facts = self._facts.child(name)
+        holders = self._callers.holders().get(name, {})
+        text = (
+            f"model name={name} stopped responding (no progress for {idle:.0f} s) and was "
+            "killed; the next request starts it again"
+        )
+        self._hangs[name] = {
+            "model": name, "pid": facts.pid, "port": facts.port, "idle_seconds": round(idle, 3),
+            "in_flight": sum(holders.values()), "holders": holders, "probe": how,
+        }  # fmt: skip
+        error = RouterError(503, "unavailable_error", text, retry_after=1)
+        ended = self._callers.revoke(name, error)
+        now = self._clock()
+        self._apply(self._scheduler.child_hung(name, now=now))
+        for request_id in ended:
+            self._apply(self._scheduler.request_finished(request_id, now=now))
 
     def _on_memory(self, cmd: commands.MemorySampled) -> None:
         sample = memory.MemorySample(time.time(), cmd.system, cmd.children)  # wall clock
@@ -445,9 +555,11 @@ class Engine:
     def _act(self, decision: events.Decision) -> list[events.Decision]:
         if isinstance(decision, events.Grant):
             port = self._facts.child(decision.model).port or 0
-            expires = self._clock() + self._config.lease_ttl
-            if not self._callers.grant(decision, port, expires):  # its caller has gone (A7)
-                return self._scheduler.request_finished(decision.request_id, now=self._clock())
+            now = self._clock()
+            renewable = self._callers.renewable(decision.request_id)
+            expires = now + self._config.lease_ttl if renewable else math.inf
+            if not self._callers.grant(decision, port, expires, now):  # its caller left (A7)
+                return self._scheduler.request_finished(decision.request_id, now=now)
         elif isinstance(decision, events.Reject):
             self._callers.reject(decision.request_id, RouterError.from_reject(decision))
         elif isinstance(decision, events.Spawn):
@@ -459,6 +571,9 @@ class Engine:
             self._emit("queue.changed", data)
         elif isinstance(decision, events.Settled):
             self._emit("memory.settled", dataclasses.asdict(decision))
+        elif isinstance(decision, events.BackedOff):
+            until = time.time() + decision.seconds
+            self._emit("model.backoff", dataclasses.asdict(decision) | {"until": until})
         elif isinstance(decision, events.PresetsReloaded):
             self._emit("presets.reloaded", feed.reload_data(decision))
         return []
@@ -482,15 +597,18 @@ class Engine:
             self._post(feed.spawn_failure(spec.name, error))
 
     def _stop(self, decision: events.Stop | events.Kill) -> None:
+        """Publish who is stopped and why (the audit journals it first), then stop or kill."""
         name = decision.model
+        if decision.reason in EVICTIONS:
+            self._emit("model.evicted", feed.eviction_data(decision, self._facts.latest))
+        elif decision.reason is HUNG:
+            self._emit("model.hung", self._hangs.pop(name, {"model": name}))
         if isinstance(decision, events.Stop):
             done = self._supervisor.stop(name, decision.stop_timeout)  # S4: SIGKILL at deadline
         else:
             done = self._supervisor.kill(name)
         if not done and name in self._spawning:
             self._kill_on_start.add(name)  # its ChildStarted delivers the kill
-        if decision.reason in EVICTIONS:
-            self._emit("model.evicted", feed.eviction_data(decision, self._facts.latest))
 
     # ---- helpers ----------------------------------------------------------------------------
 
@@ -543,10 +661,16 @@ class Engine:
         return await future
 
     async def _request(
-        self, name: str, request_id: str, actor: str, kind: events.RequestKind, autoload: bool
+        self,
+        name: str,
+        request_id: str,
+        actor: str,
+        kind: events.RequestKind,
+        autoload: bool,
+        renewable: bool = True,
     ) -> Lease | None:
         future: asyncio.Future[Lease | None] = self._future()
-        acquire = commands.Acquire(request_id, name, actor, kind, autoload, future)
+        acquire = commands.Acquire(request_id, name, actor, kind, autoload, future, renewable)
         try:
             return await self._call(acquire, future)
         except asyncio.CancelledError:
@@ -567,9 +691,9 @@ class Engine:
         await self._supervisor.shutdown(0.0)  # whatever is left (stuck, S6): SIGKILL, await
         self._post(commands.Quit())
         await self._loop_task
-        for task in self._tasks:
+        for task in (*self._tasks, *self._probes):
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._probes, return_exceptions=True)
         self._callers.close(unavailable("router is shutting down"))
         self._feed.close()
 

@@ -2,9 +2,10 @@
 
 Every scheduler input returns ``list[Decision]`` in the order things happened. *Decisions*
 (``Grant``, ``Reject``, ``Spawn``, ``Stop``, ``Kill``) are orders the engine must carry out;
-*events* (``StateChanged``, ``QueueChanged``, ``Settled``, ``PresetsReloaded``) are facts to
-publish and audit. The engine stamps each published event with its monotonically increasing
-``seq`` (DESIGN §3); the scheduler, being pure, does not number anything but queue tickets.
+*events* (``StateChanged``, ``QueueChanged``, ``Settled``, ``BackedOff``, ``PresetsReloaded``)
+are facts to publish and audit. The engine stamps each published event with its monotonically
+increasing ``seq`` (DESIGN §3); the scheduler, being pure, does not number anything but queue
+tickets.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class StopReason(StrEnum):
     RELOAD = "reload"  # its command changed: restart (A14)
     REMOVED = "removed"  # its preset is gone (A14)
     SHUTDOWN = "shutdown"
+    HUNG = "hung"  # busy, no byte out and no progress: the watchdog kills it at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +171,16 @@ class Settled:
 
 
 @dataclass(frozen=True, slots=True)
+class BackedOff:
+    """A ready child died unasked soon after it became ready: no respawn for ``seconds``."""
+
+    model: str
+    seconds: float
+    strikes: int  # consecutive quick deaths
+    reason: str  # the death, in words ("exit code 3", "killed: it stopped responding")
+
+
+@dataclass(frozen=True, slots=True)
 class PresetsReloaded:
     """A reload reconciled the presets (A14); ``restarted`` are the running ones it restarts."""
 
@@ -180,7 +192,16 @@ class PresetsReloaded:
 
 
 Decision = (
-    Grant | Reject | Spawn | Stop | Kill | StateChanged | QueueChanged | Settled | PresetsReloaded
+    Grant
+    | Reject
+    | Spawn
+    | Stop
+    | Kill
+    | StateChanged
+    | QueueChanged
+    | Settled
+    | BackedOff
+    | PresetsReloaded
 )
 
 
@@ -196,6 +217,9 @@ class ModelView:
     failures: int  # consecutive failed loads
     pinned: bool
     log_tail: tuple[str, ...]  # from the last unexpected exit
+    backoff_until: float | None = None  # no spawn before this (crash loop; scheduler clock)
+    crash_strikes: int = 0
+    backoff_reason: str = ""
 
     @property
     def api_status(self) -> ApiStatus:

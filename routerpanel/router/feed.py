@@ -400,6 +400,9 @@ def model_data(
 ) -> dict[str, Any]:
     """One model of the snapshot; ``status`` is llama.cpp's value, ``state`` ours."""
     mem = latest.child(view.name) if latest is not None and child.pid is not None else None
+    backoff = None
+    if view.backoff_until is not None and (until := wall(view.backoff_until)) > time.time():
+        backoff = {"until": until, "strikes": view.crash_strikes, "reason": view.backoff_reason}
     return {
         "name": view.name,
         "aliases": list(spec.aliases) if spec else [],
@@ -419,6 +422,8 @@ def model_data(
         "memory": mem.rss if mem is not None else None,
         "pinned": view.pinned,
         "stop_timeout": spec.stop_timeout if spec else None,
+        "hang_timeout": spec.hang_timeout if spec else None,
+        "backoff": backoff,  # a crash loop holds its next start back until ``until`` (wall)
         "exit_code": child.exit_code,
         "last_exit": child.last_exit,
         "args": child_args(

@@ -13,6 +13,7 @@ Inputs (all keyword ``now``):
                                   "ready", "sleeping"; child_ready(model) is "ready"
   child_exited(model, exit_code, log_tail=)   the child was reaped (exit_code None: never started)
   child_stuck(model)              the group survived SIGKILL past the grace period (S6)
+  child_hung(model)               the watchdog found a busy child making no progress: kill it
   unload(model, actor=)           an explicit unload; raises NotRunningError if nothing runs
   cancel_waiting(actor=, model=, request_id=)   an operator rejects queued requests (499)
   reload(presets, actor=)         new presets (A14)
@@ -50,6 +51,9 @@ Semantics decided here:
   * An unload rejects the model's waiters with llama.cpp's 400 ``model name=<x> is not running``.
   * A load of a stopping model queues for the next instance (llama.cpp answers 400).
   * Stuck models fail their requests fast (503): a reap may never come.
+  * A ready child that dies unasked (or is killed as hung) within CRASH_WINDOW of readiness is
+    a crash-loop strike: no respawn for 1, 2, 4 … 60 s; proxy requests meanwhile get 503 with
+    Retry-After; an explicit load clears the back-off (backoff.py).
 """
 
 from __future__ import annotations
@@ -60,9 +64,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from routerpanel.router.backoff import CrashLoop
 from routerpanel.router.config import PresetSpec, RouterConfig, preset_map
 from routerpanel.router.events import (
     SCHEDULER_ACTOR,
+    BackedOff,
     Decision,
     Grant,
     Kill,
@@ -97,6 +103,7 @@ from routerpanel.router.states import (
 )
 
 RETRY_AFTER = 5  # seconds suggested to clients turned away by a queue limit (A8)
+WATCHDOG_ACTOR = "watchdog"
 QUEUE_VIEW_REQUESTS = 5  # waiters listed per entry in queue() and its events: O(entries)
 ChildState = Literal["loading", "ready", "sleeping"]
 
@@ -121,6 +128,8 @@ class _Model:
     last_used: float = 0.0
     failures: int = 0  # consecutive failed loads (A10)
     log_tail: tuple[str, ...] = ()
+    ready_at: float | None = None  # when this child first became ready
+    crashes: CrashLoop = field(default_factory=CrashLoop)
 
 
 @dataclass(slots=True)
@@ -173,6 +182,8 @@ class Scheduler:
         (4) A load of a quarantined model lifts the quarantine for one more try (A10).
         (5) A proxy request for a quarantined model fails fast: 500 (A10).
         (6) A stuck model: 503 (S6).
+        (6b) A crash-looping model in its back-off: a load clears it; a proxy request gets 503
+             with Retry-After until the back-off ends (backoff.py).
         (7) Loaded or sleeping, not stopping, not draining: Grant at once (A1, A12).
         (8) The model's entry already has max_waiters: 503 with Retry-After (A8).
         (9) Otherwise join the model's entry, at the tail if new (A2); admission follows.
@@ -205,6 +216,12 @@ class Scheduler:
         if m.state is STUCK:  # (6)
             text = self._stuck_text(name)
             return self._reject(w, name, 503, "unavailable_error", text, RETRY_AFTER)
+        if load and m.crashes.strikes:  # (6b) an explicit load resets the back-off
+            m.crashes.clear()
+        left = m.crashes.remaining(now) if m.state in DOWN else None
+        if left is not None:  # (6b)
+            text = self._backoff_text(m, left)
+            return self._reject(w, name, 503, "unavailable_error", text, math.ceil(left))
         if self._servable(m):  # (7) A1
             return self._grant(w, m, now)
         entry = self._entry_for(name)
@@ -247,6 +264,8 @@ class Scheduler:
         self._begin()
         if state == "ready" and m.state in (LOADING, SLEEPING):
             m.failures, m.last_used = 0, now
+            if m.ready_at is None:
+                m.ready_at = now
             self._set_state(m, LOADED, "child ready")  # loading|sleeping -> loaded
         elif state == "sleeping" and m.state is LOADED:
             self._set_state(m, SLEEPING, "child went to sleep")  # loaded -> sleeping (A12)
@@ -267,7 +286,12 @@ class Scheduler:
             raise ValueError(f"model {model!r} has no child to exit (state {m.state})")
         self._begin()
         tail = tuple(log_tail)
-        if m.stop_reason is not None:  # asked to stop: a clean unload, whatever the code
+        if m.stop_reason is StopReason.HUNG:
+            m.log_tail = tail
+            # loaded|sleeping|stuck -> failed (killed by the watchdog: it stopped responding)
+            self._set_state(m, FAILED, "killed: it stopped responding")
+            self._crashed(m, now, "killed: it stopped responding")
+        elif m.stop_reason is not None:  # asked to stop: a clean unload, whatever the code
             self._set_state(m, UNLOADED, f"stopped ({m.stop_reason})")  # running -> unloaded
         elif m.state is LOADING:
             self._failed_load(m, exit_code, tail)
@@ -276,12 +300,34 @@ class Scheduler:
             to = UNLOADED if exit_code == 0 else FAILED
             # loaded|sleeping|stuck -> failed (or unloaded on code 0): it exited unasked
             self._set_state(m, to, f"child exited with code {exit_code}")
-        m.stop_reason = m.drain_then = None
+            self._crashed(m, now, f"exit code {exit_code}")
+        m.stop_reason = m.drain_then = m.ready_at = None
         if m.removed:
             del self._models[model]
         if self._config.memory_budget is not None:  # the settle gate closes (memory mode)
             self._settle_since, self._available = now, None
         return self._end(now)
+
+    def _crashed(self, m: _Model, now: float, reason: str) -> None:
+        """A ready child died unasked: a crash-loop strike if it was ready only briefly."""
+        if m.ready_at is None:
+            return
+        delay = m.crashes.died(uptime=now - m.ready_at, now=now, reason=reason)
+        if delay is None:
+            return
+        name = m.spec.name
+        self._emit(BackedOff(name, delay, m.crashes.strikes, reason))
+        text = self._backoff_text(m, delay)
+        self._cancel_entry(name, 503, "unavailable_error", text, math.ceil(delay))
+
+    def _backoff_text(self, m: _Model, left: float) -> str:
+        n = m.crashes.strikes
+        times = "once" if n == 1 else f"{n} times in a row"
+        return (
+            f"model name={m.spec.name} died soon after it started, {times} "
+            f"(last: {m.crashes.reason}); it is held back for {math.ceil(left)} s before the "
+            "next start"
+        )
 
     def _failed_load(self, m: _Model, exit_code: int | None, tail: tuple[str, ...]) -> None:
         m.failures += 1
@@ -305,6 +351,19 @@ class Scheduler:
         m.drain_then = None
         self._set_state(m, STUCK, "survived SIGKILL", stopping=True)  # running -> stuck
         self._cancel_entry(model, 503, "unavailable_error", self._stuck_text(model), RETRY_AFTER)
+        return self._end(now)
+
+    def child_hung(self, model: str, *, now: float) -> list[Decision]:
+        """Kill a child the watchdog found busy without progress; its slot frees at the exit.
+
+        Idempotent while it is already stopping. The exit makes it ``failed`` and counts as a
+        crash-loop strike, so a child that hangs on every request is not respawned at once.
+        """
+        m = self._known(model)
+        self._begin()
+        if m.state in RUNNING and not m.stopping:
+            # loaded|sleeping -> +stopping (hung: SIGKILL at once, a hung child reads no stdin)
+            self._stop(m, StopReason.HUNG, Trigger(WATCHDOG_ACTOR, queue_depth=self._depth()), now)
         return self._end(now)
 
     def unload(self, model: str, *, now: float, actor: str) -> list[Decision]:
@@ -462,7 +521,8 @@ class Scheduler:
         """Return a snapshot of one model; raise UnknownModelError."""
         m = self._known(name)
         fields = (m.state, m.stopping, m.in_flight, m.last_used, m.failures, m.spec.pinned)
-        return ModelView(name, *fields, m.log_tail)
+        crash = m.crashes
+        return ModelView(name, *fields, m.log_tail, crash.retry_at, crash.strikes, crash.reason)
 
     def models(self) -> tuple[ModelView, ...]:
         """Return every model, by name (removed ones still running included)."""
@@ -535,6 +595,8 @@ class Scheduler:
             m = self._models[entry.model]
             if m.state in RUNNING:  # starting, or waiting for its own child's exit: no new slot
                 continue
+            if m.crashes.remaining(now) is not None:  # crash-loop back-off: it holds no slot
+                continue
             if not self._has_capacity(m, now):
                 break  # A4: no entry overtakes a blocked one ahead of it
             first = entry.waiters[0] if entry.waiters else None
@@ -590,7 +652,11 @@ class Scheduler:
         free_b = math.inf if budget is None else budget - sum(map(_estimate, running))
         free_b += sum(map(_estimate, freeing))
         needs: list[_Entry | None] = [None]  # None: the deficit after lowering a limit
-        needs += [e for e in self._queue if self._models[e.model].state in DOWN]
+        needs += [
+            e for e in self._queue
+            if self._models[e.model].state in DOWN
+            and self._models[e.model].crashes.remaining(now) is None
+        ]  # fmt: skip
         for entry in needs:
             need_n, need_b = (0, 0) if entry is None else (1, _estimate(self._models[entry.model]))
             while free_n < need_n or free_b < need_b:
@@ -639,7 +705,7 @@ class Scheduler:
         m.stop_reason, m.drain_then = reason, None
         why = f"{reason} by {trigger.actor}" + (f" for {trigger.model}" if trigger.model else "")
         self._set_state(m, m.state, why, stopping=True)  # running -> running+stopping
-        if m.state is LOADING:  # S4: a loading child is killed at once
+        if m.state is LOADING or reason is StopReason.HUNG:  # S4: killed at once
             self._emit(Kill(m.spec.name, reason, trigger, m.in_flight))
         else:
             idle = now - m.last_used

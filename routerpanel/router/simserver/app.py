@@ -55,6 +55,7 @@ from routerpanel.router.simserver.tokens import (
 N_EMBD = 64  # one SHA-512 digest, one byte per dimension
 FTYPE = "simulated"
 CHAT_TEMPLATE = "{# simulated chat template: <|role|>content per message #}"
+PREFILL_STEP_S = 0.05  # --sim-prefill-ms advances the prompt counters in steps this long
 
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
@@ -118,6 +119,17 @@ class SimServer:
 
     # lifecycle
 
+    def _flood(self) -> None:
+        """--sim-flood: write log lines to stderr as fast as the pipe takes them."""
+        line = b"simserver flood: " + b"x" * 60 + b"\n"
+        block = line * 512
+        while not self.stopping.is_set():
+            try:
+                sys.stderr.buffer.write(block)
+                sys.stderr.buffer.flush()
+            except (OSError, ValueError):
+                return
+
     def run(self) -> int:
         """Load, announce readiness, then wait for an exit request (main thread)."""
         log.info("loading model '%s' (simulated: nothing is read)", self.opts.model)
@@ -132,6 +144,8 @@ class SimServer:
         self.reporter.send("ready", self.model_info())
         if self.reporter.is_child:
             threading.Thread(target=self._watch_stdin, name="stdin", daemon=True).start()
+        if self.opts.flood:
+            threading.Thread(target=self._flood, name="flood", daemon=True).start()
         if self.opts.sleep_idle_seconds > 0:
             watcher = partial(self.model.watch_idle, float(self.opts.sleep_idle_seconds))
             threading.Thread(target=watcher, name="idle", daemon=True).start()
@@ -354,19 +368,19 @@ class SimServer:
         plan = make_plan(style, request.json(), self.opts.model_id, self.opts.tokens)
         if plan.stream:
             return Reply(200, content_type="text/event-stream", chunks=self._stream(plan))
-        with self.slots.hold() as slot:
+        with self.slots.hold(plan.prompt_n) as slot:
             started = time.monotonic()
-            pieces = list(self._generate(plan))
+            pieces = list(self._generate(plan, slot))
             run = Run(plan, slot, "".join(pieces), len(pieces), (time.monotonic() - started) * 1000)
         self.stats.record(run)
         return json_reply(final_result(run))
 
     def _stream(self, plan: Plan) -> Generator[bytes, None, None]:
         """Yield SSE events as tokens come; a slot is held only once the stream is consumed."""
-        with self.slots.hold() as slot:
+        with self.slots.hold(plan.prompt_n) as slot:
             started = time.monotonic()
             pieces: list[str] = []
-            for piece in self._generate(plan):
+            for piece in self._generate(plan, slot):
                 pieces.append(piece)
                 yield sse(partial_events(plan, slot, piece, len(pieces)))
             run = Run(plan, slot, "".join(pieces), len(pieces), (time.monotonic() - started) * 1000)
@@ -375,9 +389,23 @@ class SimServer:
         if plan.style is not Style.NATIVE:
             yield b"data: [DONE]\n\n"
 
-    def _generate(self, plan: Plan) -> Iterator[str]:
-        """Yield the simulated tokens, one per --sim-token-ms; stop early on shutdown."""
+    def _generate(self, plan: Plan, slot: int) -> Iterator[str]:
+        """Process the prompt (--sim-prefill-ms, counters moving, nothing sent), then yield the
+        simulated tokens, one per --sim-token-ms; stop early on shutdown."""
+        if not self._prefill(plan, slot):
+            return
         for index in range(plan.n_predict):
             if self.stopping.wait(self.opts.token_ms / 1000):
                 return
+            self.slots.decoded(slot)
             yield sim_piece(plan.model, index)
+
+    def _prefill(self, plan: Plan, slot: int) -> bool:
+        total = self.opts.prefill_ms / 1000
+        steps = max(1, int(total / PREFILL_STEP_S))
+        self.slots.prompt_processed(slot, 0)
+        for step in range(1, steps + 1):
+            if total and self.stopping.wait(total / steps):
+                return False
+            self.slots.prompt_processed(slot, max(1, plan.prompt_n * step // steps))
+        return True

@@ -174,20 +174,26 @@ class SimModel:
 
 
 class SlotPool:
-    """Hand out llama.cpp's parallel slots; a request waits (is deferred) while all are busy."""
+    """Hand out llama.cpp's parallel slots; a request waits (is deferred) while all are busy.
+
+    Each slot keeps llama-server's progress counters for ``GET /slots`` (``id_task``, prompt
+    tokens processed, tokens decoded): the router's hang watchdog compares two readings.
+    """
 
     def __init__(self, count: int, n_ctx: int) -> None:
         self._cond = threading.Condition()
         self._busy = [False] * count
         self._deferred = 0
         self._n_ctx = n_ctx
+        self._tasks = 0
+        self._progress: list[dict[str, int] | None] = [None] * count
 
     @property
     def count(self) -> int:
         return len(self._busy)
 
     @contextmanager
-    def hold(self) -> Iterator[int]:
+    def hold(self, n_prompt: int = 0) -> Iterator[int]:
         with self._cond:
             self._deferred += 1
             while all(self._busy):
@@ -195,12 +201,24 @@ class SlotPool:
             self._deferred -= 1
             slot = self._busy.index(False)
             self._busy[slot] = True
+            self._tasks += 1
+            self._progress[slot] = {"id_task": self._tasks, "n_prompt": n_prompt, "done": 0, "n": 0}
         try:
             yield slot
         finally:
             with self._cond:
                 self._busy[slot] = False
                 self._cond.notify()
+
+    def prompt_processed(self, slot: int, n: int) -> None:
+        with self._cond:
+            if (p := self._progress[slot]) is not None:
+                p["done"] = n
+
+    def decoded(self, slot: int) -> None:
+        with self._cond:
+            if (p := self._progress[slot]) is not None:
+                p["n"] += 1
 
     def counts(self) -> tuple[int, int]:
         """Return (processing, deferred)."""
@@ -210,7 +228,20 @@ class SlotPool:
     def to_json(self) -> list[JSON]:
         with self._cond:
             busy = list(self._busy)
-        return [
-            {"id": i, "n_ctx": self._n_ctx, "speculative": False, "is_processing": b}
-            for i, b in enumerate(busy)
-        ]
+            progress = [dict(p) if p is not None else None for p in self._progress]
+        out: list[JSON] = []
+        for i, (b, p) in enumerate(zip(busy, progress, strict=True)):
+            slot: JSON = {"id": i, "n_ctx": self._n_ctx, "speculative": False, "is_processing": b}
+            if p is not None:  # llama-server shows the current (or previous) task's counters
+                slot |= {
+                    "id_task": p["id_task"],
+                    "n_prompt_tokens": p["n_prompt"],
+                    "n_prompt_tokens_processed": p["done"],
+                    "n_prompt_tokens_cache": 0,
+                    "next_token": [
+                        {"has_next_token": b, "has_new_line": False, "n_remain": -1,
+                         "n_decoded": p["n"]}
+                    ],
+                }  # fmt: skip
+            out.append(slot)
+        return out

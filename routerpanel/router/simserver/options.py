@@ -40,6 +40,8 @@ class SimOptions:
     load_ms: int = 0
     rss_mb: int = 0
     token_ms: int = 0
+    prefill_ms: int = 0
+    flood: bool = False
     tokens: int = 16
     ignore_sigterm: bool = False
     crash_after: int = 0
@@ -134,6 +136,13 @@ FLAGS: tuple[Flag, ...] = (
         _int_at_least(0),
     ),
     Flag(("--sim-token-ms",), "token_ms", "delay per generated token (0)", _int_at_least(0)),
+    Flag(
+        ("--sim-prefill-ms",),
+        "prefill_ms",
+        "prompt processing per completion: /slots counters move, nothing is sent (0)",
+        _int_at_least(0),
+    ),
+    Flag(("--sim-flood",), "flood", "once ready, write log lines to stderr without pause"),
     Flag(
         ("--sim-tokens",),
         "tokens",

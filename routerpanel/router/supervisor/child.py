@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from routerpanel.router.supervisor.events import ChildStateName, LogLine
+from routerpanel.router.supervisor.flood import LogBudget
 
 LAST_LINES = 30
 
@@ -46,6 +47,7 @@ class _Child:
     stuck: bool = False
     exited: bool = False
     lines: deque[LogLine] = field(default_factory=lambda: deque(maxlen=LAST_LINES))
+    budget: LogBudget = field(default_factory=LogBudget)  # shared by stdout and stderr
     timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
 

@@ -30,6 +30,7 @@ from routerpanel.router.supervisor.events import (
     Stream,
     SupervisorEvent,
 )
+from routerpanel.router.supervisor.flood import STATE_MARKER, holds_marker, last_line
 from routerpanel.router.supervisor.processes import (
     ROUTER_ONLY_ENV,
     _create_time,
@@ -285,10 +286,25 @@ class Supervisor:
         await asyncio.gather(*pending, return_exceptions=True)
 
     async def _read(self, child: _Child, reader: asyncio.StreamReader, stream: Stream) -> None:
+        """Read one pipe to EOF; past the child's log budget only count lines (flood.py)."""
         splitter = _LineSplitter()
+        budget, marker = child.budget, STATE_MARKER if child.launch.child_protocol else None
         while chunk := await reader.read(65536):
-            for text in splitter.feed(chunk):
-                self._on_line(child, stream, text)
+            now = self._now()
+            if budget.over(now) and not holds_marker(marker, splitter.pending, chunk):
+                budget.count(chunk.count(b"\n"))
+                if (tail := last_line(chunk)) is not None:  # the end stays in the ring
+                    self._keep(child, LogLine(child.name, stream, tail, time.time()))
+                splitter.skip(chunk)
+            else:
+                for text in splitter.feed(chunk):
+                    if budget.allow(now) or (marker and text.startswith(STATE_PREFIX)):
+                        self._on_line(child, stream, text)
+                    else:
+                        budget.count(1)
+            if (dropped := budget.report(now)) is not None:
+                rate = f"{budget.rate:g}"
+                self._note(child.name, child, f"{dropped} lines not shown (over {rate} a second)")
         for text in splitter.finish():
             self._on_line(child, stream, text)
 
@@ -396,13 +412,18 @@ class Supervisor:
         self._log(name, child, LogLine(name, "router", text, time.time()))
 
     def _log(self, name: str, child: _Child | None, line: LogLine) -> None:
+        self._keep(child, line, name)
+        self._post(line)
+
+    def _keep(self, child: _Child | None, line: LogLine, name: str | None = None) -> None:
+        """Put a line in the ring buffer and the child's last lines, without streaming it."""
+        name = name or line.name
         ring = self._logs.get(name)
         if ring is None:
             ring = self._logs[name] = deque(maxlen=self._log_lines)
         ring.append(line)
         if child is not None:
             child.lines.append(line)
-        self._post(line)
 
     def _post(self, event: SupervisorEvent) -> None:
         try:

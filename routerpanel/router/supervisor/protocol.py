@@ -64,6 +64,20 @@ class _LineSplitter:
         self._append(partial)
         return lines
 
+    def skip(self, data: bytes) -> None:
+        """Drop the complete lines of ``data`` (a flood, counted elsewhere); keep its last,
+        unfinished one as the start of the next line."""
+        end = data.rfind(b"\n")
+        if end >= 0:
+            self._buf.clear()
+            self._truncated = False
+            data = data[end + 1 :]
+        self._append(data)
+
+    def pending(self, size: int) -> bytes:
+        """The last ``size`` bytes of the unfinished line (a marker may span two chunks)."""
+        return bytes(self._buf[-size:]) if size > 0 else b""
+
     def finish(self) -> list[str]:
         return [self._take()] if self._buf or self._truncated else []
 

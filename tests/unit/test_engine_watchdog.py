@@ -1,0 +1,190 @@
+"""The hang watchdog in the engine: fake clock, fake supervisor, a scripted probe.
+
+A busy model that sends no byte for its ``hang_timeout`` is probed; no answer, or the same
+progress counters twice, kills it: its requests end with a clear error, its slot frees at the
+exit and one ``model.hung`` event names what was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from routerpanel.router.config import RouterConfig
+from routerpanel.router.engine import Engine, EngineEvent
+from routerpanel.router.supervisor import Supervisor
+from routerpanel.router.watchdog import Busy, Reading, Verdict, Watchdog, probe_gap, slots_counters
+from tests.unit.test_engine import FakeClock, FakeSupervisor, preset
+
+
+class ScriptedProbe:
+    """Answer each probe with the next reading of a script (None: no answer in time)."""
+
+    def __init__(self) -> None:
+        self.readings: list[Reading | None] = []
+        self.calls: list[tuple[int, float]] = []
+
+    async def __call__(self, port: int, timeout: float) -> Reading | None:
+        self.calls.append((port, timeout))
+        return self.readings.pop(0) if self.readings else Reading(((0, 1, 5),))
+
+
+class Rig:
+    def __init__(self, engine: Engine, sup: FakeSupervisor, clock: FakeClock, probe: Any) -> None:
+        self.engine, self.sup, self.clock, self.probe = engine, sup, clock, probe
+        self.events: list[EngineEvent] = []
+
+    async def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self.engine.clock_changed()
+        for _ in range(3):  # the tick, the probe task, its answer
+            await self.engine.until_idle()
+            await asyncio.sleep(0)
+
+    def of(self, type_: str) -> list[dict[str, Any]]:
+        return [e.data for e in self.events if e.type == type_]
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    clock, probe = FakeClock(), ScriptedProbe()
+    sups: list[FakeSupervisor] = []
+
+    def factory(post: Any) -> Supervisor:
+        sups.append(FakeSupervisor(post))
+        return sups[0]
+
+    specs = [preset("a", hang_timeout=60.0), preset("b", hang_timeout=60.0), preset("off")]
+    engine = Engine(
+        RouterConfig(models_max=1),
+        specs,
+        memory_interval=None,
+        clock=clock,
+        supervisor_factory=factory,
+        prober=probe,
+    )
+    r = Rig(engine, sups[0], clock, probe)
+    sub = engine.subscribe(maxsize=10_000)
+
+    async def collect() -> None:
+        async for event in sub:
+            r.events.append(event)
+
+    collector = asyncio.create_task(collect())
+    await engine.start()
+    yield r
+    shutdown = asyncio.create_task(engine.shutdown())
+    await engine.until_idle()
+    for name in list(r.sup.children):
+        r.sup.exit(name)
+    await asyncio.wait_for(shutdown, 5)
+    await asyncio.wait_for(collector, 5)
+
+
+async def busy(r: Rig, model: str = "a") -> str:
+    await r.engine.load(model)
+    r.sup.ready(model)
+    await r.engine.until_idle()
+    lease = await r.engine.acquire(
+        model, request_id=f"{model}-1", actor="user:alice", renewable=False
+    )
+    return lease.lease_id
+
+
+class TestTheWatchdogInTheEngine:
+    async def test_a_silent_busy_child_that_does_not_answer_is_killed(self, rig: Rig) -> None:
+        lease = await busy(rig)
+        rig.probe.readings = [None]
+        await rig.advance(59.0)
+        assert rig.probe.calls == []  # not yet suspect
+        await rig.advance(1.0)
+        assert rig.probe.calls == [(rig.sup.port("a"), probe_gap(60.0))]
+        assert ("kill", "a") in rig.sup.calls
+        [hung] = rig.of("model.hung")
+        assert hung["holders"] == {"user:alice": 1}
+        assert hung["in_flight"] == 1 and hung["idle_seconds"] == 60.0
+        assert "no answer to GET /slots" in hung["probe"]
+        error = rig.engine.why_ended(lease)
+        assert error is not None and error.status == 503
+        assert "model name=a stopped responding (no progress for 60 s)" in error.message
+        waiting = asyncio.create_task(rig.engine.acquire("b", request_id="b-1"))
+        await rig.engine.until_idle()
+        assert rig.sup.spawned() == ["a"]  # the slot frees at the exit, not before (A6)
+        rig.sup.exit("a", code=None, signal=9)
+        await rig.engine.until_idle()
+        assert rig.sup.spawned() == ["a", "b"]
+        state = next(m for m in rig.engine.snapshot()["models"] if m["name"] == "a")
+        assert (state["state"], state["in_flight"]) == ("failed", 0)
+        waiting.cancel()
+
+    async def test_bytes_on_a_request_keep_the_probe_away(self, rig: Rig) -> None:
+        lease = await busy(rig)
+        for _ in range(5):
+            await rig.advance(50.0)
+            rig.engine.progress(lease)
+        assert rig.probe.calls == []
+        assert rig.of("model.hung") == []
+
+    async def test_progress_counters_that_move_keep_a_long_prompt_alive(self, rig: Rig) -> None:
+        await busy(rig)
+        rig.probe.readings = [Reading(((0, 7, n),)) for n in (100, 612, 1124, 1636)]
+        await rig.advance(60.0)
+        for _ in range(3):
+            await rig.advance(probe_gap(60.0))
+        assert len(rig.probe.calls) == 4
+        assert rig.of("model.hung") == []
+        assert ("kill", "a") not in rig.sup.calls
+
+    async def test_counters_that_stand_still_between_two_probes_mean_hung(self, rig: Rig) -> None:
+        await busy(rig)
+        rig.probe.readings = [Reading(((0, 7, 100),)), Reading(((0, 7, 100),))]
+        await rig.advance(60.0)
+        assert ("kill", "a") not in rig.sup.calls
+        await rig.advance(probe_gap(60.0))
+        assert ("kill", "a") in rig.sup.calls
+        assert "did not move" in rig.of("model.hung")[0]["probe"]
+
+    async def test_a_child_without_slots_is_only_asked_whether_it_lives(self, rig: Rig) -> None:
+        await busy(rig)
+        rig.probe.readings = [Reading(None, 200), None]
+        await rig.advance(60.0)
+        assert ("kill", "a") not in rig.sup.calls
+        await rig.advance(30.0)
+        assert len(rig.probe.calls) == 1  # /health again only after another hang_timeout
+        await rig.advance(30.0)
+        assert ("kill", "a") in rig.sup.calls
+
+    async def test_a_model_without_a_hang_timeout_is_never_probed(self, rig: Rig) -> None:
+        await busy(rig, "off")
+        await rig.advance(3600.0)
+        assert rig.probe.calls == []
+
+    async def test_the_hung_kill_is_audited_once_with_its_stop_reason(self, rig: Rig) -> None:
+        await busy(rig)
+        rig.probe.readings = [None]
+        await rig.advance(60.0)
+        stops = [e for e in rig.of("model.state") if e["stop_reason"] == "hung"]
+        assert [(s["action"], s["trigger"]["actor"]) for s in stops] == [("kill", "watchdog")]
+
+
+class TestWatchdogRules:
+    def test_a_new_child_starts_a_new_watch(self) -> None:
+        dog = Watchdog()
+        assert dog.due([Busy("a", 10.0, 0.0, 1)], 10.0) == ["a"]
+        assert dog.judge("a", 1, Reading(((0, 1, 1),)), 11.0, 10.0) is Verdict.AGAIN
+        assert dog.due([Busy("a", 10.0, 11.0, 2)], 12.0) == []  # restarted: watch from scratch
+        assert dog.judge("a", 1, Reading(((0, 1, 1),)), 12.0, 10.0) is None  # stale answer
+
+    def test_slots_counters_read_llama_servers_fields(self) -> None:
+        slots = [
+            {"id": 0, "is_processing": False},
+            {
+                "id": 1, "id_task": 42, "is_processing": True, "n_prompt_tokens_processed": 512,
+                "next_token": [{"n_decoded": 3}],
+            },
+        ]  # fmt: skip
+        assert slots_counters(slots) == ((1, 42, 515),)
+        assert slots_counters({"not": "a list"}) is None
