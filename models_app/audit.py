@@ -17,12 +17,12 @@ from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
 
 PRESET_FIELDS = (
     "name", "aliases", "model_path", "args", "env", "stop_timeout", "load_on_startup", "pinned",
-    "ttl", "load_timeout", "memory_estimate", "server_bin", "enabled",
+    "ttl", "load_timeout", "hang_timeout", "memory_estimate", "server_bin", "enabled",
 )  # fmt: skip
 SETTINGS_FIELDS = (
     "models_max", "memory_budget", "memory_headroom", "settle_timeout", "max_waiters", "max_wait",
-    "default_stop_timeout", "quarantine_after", "server_binary", "require_api_key", "global_args",
-    "audit_retention_days",
+    "default_stop_timeout", "default_hang_timeout", "quarantine_after", "server_binary",
+    "require_api_key", "global_args", "audit_retention_days",
 )  # fmt: skip
 
 

@@ -1,35 +1,23 @@
-"""Write the router's lifecycle events to the audit log: correlated, batched, never lost.
+"""Store the router's audit rows: journaled first, then written to the database by a thread.
 
-``AuditMapper`` turns engine events (``EngineEvent``: seq, type, time, data) into audit rows
-(plain dicts of ``AuditEvent`` fields). Most events give one row at once. A stop (eviction,
-unload, TTL, reload, shutdown) gives one row that waits for the victim's later ``model.exited``
-(stop duration, force-kill, exit code), then for the next memory sample (memory after) and, in
-memory mode, for the settle gate (``memory.settled``); it is written incomplete, with the missing
-parts named in ``details["incomplete"]``, when they do not come in time. A row keeps the seq of
-the event that started it, so (router boot id, seq) identifies it.
-
-``AuditWriter`` is the listener the router host registers. On the router's loop it only feeds
-the mapper and queues finished rows (no I/O); a thread writes them in batches with
-``AuditEvent.objects.record_many``, which skips rows already stored. When the database is
-unavailable the thread appends the batch to a JSON-lines spool in the data dir and keeps
-appending there; once the database answers it writes the spool first, in order, then deletes
-it. So rows are stored in the order they were produced, each exactly once — also when the
-process dies mid-way and the next router writes the spool it left (DESIGN §6).
+``AuditWriter`` is the listener the router host registers, called synchronously for every
+engine event in the engine's own publish path (``Engine.add_tap``). On the router's loop it only
+feeds the mapper (audit_mapper.py) and appends what it makes to the journal (audit_journal.py):
+a few microseconds, no database. A thread reads the journal and stores rows in batches with
+``AuditEvent.objects.record_many``, which skips rows already stored (by boot id and seq). While
+the database is unavailable the rows simply wait in the journal; the thread retries with
+back-off, and when the database answers again it stores them, in order, each exactly once, and
+records how long the outage lasted. A router killed mid-way leaves its journal for the next one,
+which stores it first (DESIGN §6, §10).
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import json
 import logging
-import queue
-import socket
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,437 +25,37 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, DataError, IntegrityError, close_old_connections, connection
 
-from models_app.models import AuditEvent, AuditKind
+from models_app.audit_journal import DIR_NAME, LEGACY_SPOOL, Journal, JournalReader, final, pending
+from models_app.audit_mapper import (
+    AFTER_EXIT,
+    LAST_LINES,
+    STOP_GRACE,
+    AuditMapper,
+    Row,
+    new_router_id,
+    stop_reason,
+)
+from models_app.models import AuditEvent
 from routerpanel.router.engine import Engine, EngineEvent
-from routerpanel.router.events import StopReason
+
+__all__ = [
+    "LAST_LINES", "AuditMapper", "AuditWriter", "DatabaseUnavailable", "new_router_id",
+    "stop_reason", "store_rows",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
-Row = dict[str, Any]
-SPOOL_NAME = "audit-spool.jsonl"
-STOP_GRACE = 60.0  # seconds past a stop-timeout before a stop row is written without its exit
-AFTER_EXIT = 30.0  # seconds after the exit to wait for memory after and the settle gate
-LAST_LINES = 20  # log lines of a failed child kept in a row's details
-
-STOP_KINDS = {
-    StopReason.EVICTION: AuditKind.EVICTION,
-    StopReason.SHRINK: AuditKind.EVICTION,
-    StopReason.TTL: AuditKind.TTL,
-    StopReason.UNLOAD: AuditKind.UNLOAD,
-    StopReason.RELOAD: AuditKind.RELOAD,
-    StopReason.REMOVED: AuditKind.RELOAD,
-    StopReason.SHUTDOWN: AuditKind.SHUTDOWN,
-}
-EVICTIONS = (StopReason.EVICTION, StopReason.SHRINK)
 _LIMITS = {
     "kind": 32, "model": 200, "from_state": 16, "to_state": 16, "actor": 200, "reason": 500,
     "trigger_model": 200, "trigger_request": 200, "router_id": 64,
 }  # fmt: skip
 
 
-def new_router_id() -> str:
-    """A boot id: this host and a random part, unique per router start (DESIGN §10: host-ready)."""
-    return f"{socket.gethostname()[:40]}:{uuid.uuid4().hex[:12]}"
-
-
-def stop_reason(value: str | None) -> StopReason | None:
-    """The ``model.state`` event's ``stop_reason`` (a StopReason value), if it names one."""
-    try:
-        return StopReason(value) if value else None
-    except ValueError:
-        return None
-
-
-@dataclass
-class _Stop:
-    """A stop row waiting for the victim's exit (and then memory after, settle)."""
-
-    row: Row
-    action: str  # "stop": asked, SIGKILL at the deadline (S4); "kill": SIGKILL at once
-    reason: StopReason
-    deadline: float  # wall clock: write it incomplete after this
-    waiting: set[str] = field(default_factory=lambda: {"exit"})
-    exit_time: float | None = None
-    timer: asyncio.TimerHandle | None = None
-
-
-class AuditMapper:
-    """Map engine events to audit rows, in the order the engine published them (see module doc).
-
-    Call ``feed`` from the router's loop for every event; ``emit`` gets each finished row. Owned
-    by that loop: not thread-safe, never blocks.
-    """
-
-    def __init__(
-        self,
-        emit: Callable[[Row], None],
-        *,
-        settle_expected: Callable[[], bool] = lambda: False,
-        stop_grace: float = STOP_GRACE,
-        after_exit: float = AFTER_EXIT,
-    ) -> None:
-        self._emit = emit
-        self._settle_expected = settle_expected
-        self.stop_grace = stop_grace
-        self.after_exit = after_exit
-        self._stops: dict[str, _Stop] = {}
-        self._stopping: dict[str, tuple[str, str, float | None]] = {}  # from, action, timeout
-        self._states: dict[str, str] = {}
-        self._loads: dict[str, str] = {}  # model -> actor of the spawn it is loading for
-        self._last_exit: dict[str, dict[str, Any]] = {}
-        self._tickets: set[int] = set()
-        self._system: dict[str, Any] | None = None  # the last memory sample's system part
-        self.last_seq = 0
-        self.missed = 0  # events never seen (a seq gap: the host's subscription fell behind)
-
-    # ---- input ------------------------------------------------------------------------------
-
-    def feed(self, event: EngineEvent) -> None:
-        if self.last_seq and event.seq > self.last_seq + 1:
-            self.missed += event.seq - self.last_seq - 1
-            log.warning("audit: events %d-%d were never seen", self.last_seq + 1, event.seq - 1)
-        self.last_seq = max(self.last_seq, event.seq)
-        handler = getattr(self, event.type.replace(".", "_"), None)
-        if handler is not None:
-            handler(event.seq, event.time, event.data)
-        self.expire(event.time)
-
-    def expire(self, now: float) -> None:
-        """Write the stop rows whose deadline has passed, incomplete."""
-        for name, stop in list(self._stops.items()):
-            if stop.deadline <= now:
-                self._finish(name, stop, incomplete=True)
-
-    def finish_all(self) -> None:
-        """Write every waiting row now, incomplete (the router is stopping)."""
-        for name, stop in list(self._stops.items()):
-            self._finish(name, stop, incomplete=True)
-
-    # ---- handlers, named after the event types (STYLE 13) ------------------------------------
-
-    def model_state(self, seq: int, t: float, d: dict[str, Any]) -> None:
-        model, frm, to = d["model"], d["from"], d["to"]
-        self._states[model] = to
-        trigger = d.get("trigger") or {}
-        action = d.get("action")
-        if d.get("stopping") and action in ("stop", "kill") and frm == to:
-            self._stopping_started(seq, t, d, action, trigger)
-        elif to == "loading" and action == "spawn":
-            self._loads[model] = trigger.get("actor") or ""
-            self._row(seq, t, AuditKind.LOADING, d, trigger, memory_before=self._used())
-        elif to == "loaded" and frm == "loading" and model in self._loads:
-            row = self._row(seq, t, AuditKind.READY, d, {}, emit=False)
-            row.update(actor=self._loads.pop(model), load_seconds=d.get("load_seconds"))
-            self._emit(row)
-        elif to == "quarantined":
-            last = self._last_exit.get(model) or {}
-            details = {"last_lines": last.get("last_lines", [])[-LAST_LINES:]}
-            self._row(seq, t, AuditKind.QUARANTINE, d, {}, details=details)
-
-    def _stopping_started(
-        self, seq: int, t: float, d: dict[str, Any], action: str, trigger: dict[str, Any]
-    ) -> None:
-        model = d["model"]
-        self._loads.pop(model, None)
-        reason = stop_reason(d.get("stop_reason")) or StopReason.UNLOAD
-        self._stopping[model] = (d["from"], action, d.get("stop_timeout"))
-        if reason in EVICTIONS:
-            return  # model.evicted follows at once, with the victim's details
-        row = self._row(seq, t, STOP_KINDS[reason], d, trigger, emit=False)
-        row.update(memory_before=self._used(), to_state="")
-        row["details"] |= {"action": action, "stop_timeout": d.get("stop_timeout")}
-        row["details"]["memory_before"] = self._system
-        self._wait_for_exit(model, row, action, reason, d.get("stop_timeout"), t)
-
-    def model_evicted(self, seq: int, t: float, d: dict[str, Any]) -> None:
-        victim, trigger = d["victim"], d.get("trigger") or {}
-        frm, action, timeout = self._stopping.get(victim, ("", "stop", None))
-        reason = StopReason(d["reason"])
-        memory = d.get("memory_before") or {}
-        if reason is StopReason.SHRINK:
-            why = "over the limit after models_max or the memory budget was lowered"
-        else:
-            why = f"least recently used idle model, stopped for {trigger.get('model')}"
-        row = _row(
-            seq, t, AuditKind.EVICTION, model=victim, from_state=frm, reason=why,
-            actor=trigger.get("actor") or "", trigger_model=trigger.get("model") or "",
-            trigger_request=trigger.get("request_id") or "", queue_depth=d.get("queue_depth"),
-            idle_seconds=d.get("idle_for"), memory_before=memory.get("used"),
-            details={
-                "stop_reason": reason.value, "action": action, "stop_timeout": timeout,
-                "in_flight": d.get("in_flight"), "victim_rss": memory.get("victim_rss"),
-                "memory_before": {k: v for k, v in memory.items() if k != "victim_rss"} or None,
-            },
-        )  # fmt: skip
-        self._wait_for_exit(victim, row, action, reason, timeout, t)
-
-    def model_exited(self, seq: int, t: float, d: dict[str, Any]) -> None:
-        model = d["model"]
-        self._last_exit[model] = d
-        self._stopping.pop(model, None)
-        self._loads.pop(model, None)
-        stop = self._stops.get(model)
-        if stop is not None and d.get("expected"):
-            self._stop_exited(model, stop, seq, t, d)
-            return
-        frm = self._states.get(model, "")
-        if not d.get("was_ready"):
-            kind, why = AuditKind.LOAD_FAILED, d.get("error") or "the child exited while loading"
-        elif d.get("clean"):
-            kind, why = AuditKind.EXITED, d.get("error") or "exited with code 0"
-        else:
-            kind, why = AuditKind.CRASH, d.get("error") or f"exit code {d.get('exit_code')}"
-        row = _row(
-            seq, t, kind, model=model, from_state=frm, to_state=d.get("state") or "",
-            reason=why, exit_code=d.get("exit_code"), force_killed=d.get("force_killed"),
-            load_seconds=None if d.get("was_ready") else d.get("duration"),
-            details=_exit_details(d),
-        )  # fmt: skip
-        self._emit(row)
-
-    def _stop_exited(self, model: str, stop: _Stop, seq: int, t: float, d: dict[str, Any]) -> None:
-        row = stop.row
-        row.update(
-            to_state=d.get("state") or "unloaded",
-            stop_seconds=d.get("stop_seconds"),
-            force_killed=bool(d.get("force_killed")),
-            exit_code=d.get("exit_code"),
-        )
-        row["details"] |= {"signal": d.get("signal"), "pid": d.get("pid"), "exit_seq": seq}
-        if d.get("force_killed") and stop.action == "stop" and d.get("was_ready"):
-            timeout = row["details"].get("stop_timeout")
-            self._emit(
-                _row(
-                    seq,
-                    t,
-                    AuditKind.FORCE_KILL,
-                    model=model,
-                    actor=row["actor"],
-                    from_state=row["from_state"],
-                    to_state=row["to_state"],
-                    reason=f"still running at its stop-timeout ({timeout} s): "
-                    "SIGKILL to its process group",
-                    stop_seconds=d.get("stop_seconds"),
-                    force_killed=True,
-                    exit_code=d.get("exit_code"),
-                    details={
-                        "stop_seq": row["seq"],
-                        "stop_timeout": timeout,
-                        "signal": d.get("signal"),
-                        "pid": d.get("pid"),
-                    },
-                )
-            )
-        stop.waiting.discard("exit")
-        stop.exit_time = t
-        settle = stop.reason in EVICTIONS and self._settle_expected()
-        if settle:
-            stop.waiting.add("settle")
-        if settle or (self._system is not None and stop.reason is not StopReason.SHUTDOWN):
-            stop.waiting.add("memory")  # the sampler runs: the next sample is memory after
-        self._arm(model, stop, t + self.after_exit)
-        self._maybe_finish(model, stop)
-
-    def model_stuck(self, seq: int, t: float, d: dict[str, Any]) -> None:
-        model = d["model"]
-        stop = self._stops.get(model)
-        secs = d.get("seconds_since_kill") or 0.0
-        self._emit(
-            _row(
-                seq,
-                t,
-                AuditKind.STUCK,
-                model=model,
-                actor=stop.row["actor"] if stop else "",
-                from_state=self._states.get(model, ""),
-                to_state="stuck",
-                reason=f"process group still alive {secs:.1f} s after SIGKILL",
-                details={"pid": d.get("pid"), "seconds_since_kill": secs},
-            )
-        )
-
-    def lease_expired(self, seq: int, t: float, d: dict[str, Any]) -> None:
-        self._emit(
-            _row(
-                seq,
-                t,
-                AuditKind.LEASE_EXPIRED,
-                model=d.get("model") or "",
-                actor=d.get("actor") or "",
-                trigger_request=d.get("request_id") or "",
-                reason="lease not renewed in time: the web process serving it is gone",
-                details={"lease_id": d.get("lease_id")},
-            )
-        )
-
-    def queue_cancelled(self, seq: int, t: float, d: dict[str, Any]) -> None:
-        ids = d.get("request_ids") or []
-        what = "every queued request" if d.get("by_model") else "a queued request"
-        self._emit(
-            _row(
-                seq,
-                t,
-                AuditKind.QUEUE_CANCELLED,
-                model=d.get("model") or "",
-                actor=d.get("actor") or "",
-                trigger_request=ids[0] if len(ids) == 1 else "",
-                queue_depth=len(ids),
-                reason=f"{what} cancelled by an operator ({len(ids)} answered 499)",
-                details={"request_ids": ids, "by_model": bool(d.get("by_model"))},
-            )
-        )
-
-    def router_started(self, seq: int, t: float, d: dict[str, Any]) -> None:
-        leftovers = d.get("leftovers") or []
-        if not leftovers:
-            return
-        names = ", ".join(sorted({x.get("name", "?") for x in leftovers}))
-        outcomes = ", ".join(f"{x.get('name')}: {x.get('outcome')}" for x in leftovers)
-        self._emit(
-            _row(
-                seq,
-                t,
-                AuditKind.LEFTOVER_KILLED,
-                model=names,
-                actor="router",
-                reason=f"children of an earlier router ({outcomes})",
-                details={"leftovers": leftovers},
-            )
-        )
-
-    def queue_changed(self, seq: int, t: float, d: dict[str, Any]) -> None:
-        entries = d.get("entries") or []
-        new = [e for e in entries if e["ticket"] not in self._tickets and not e.get("restart")]
-        self._tickets = {e["ticket"] for e in entries}
-        if not new:
-            return
-        first = new[0]
-        waiter = (first.get("requests") or [{}])[0]  # who made the entry: its oldest waiter
-        self._emit(
-            _row(
-                seq,
-                t,
-                AuditKind.LOAD_REQUESTED,
-                model=first["model"],
-                actor=waiter.get("actor") or "",
-                trigger_request=waiter.get("request_id") or "",
-                queue_depth=d.get("depth"),
-                memory_before=self._used(),
-                reason=f"queued at position {first['position']} until a slot is free",
-                details={
-                    "ticket": first["ticket"],
-                    "position": first["position"],
-                    "waiters": first["waiters"],
-                    "also": [e["model"] for e in new[1:]],
-                },
-            )
-        )
-
-    def memory_sample(self, seq: int, t: float, d: dict[str, Any]) -> None:
-        self._system = d.get("system")
-        taken = d.get("time", t)
-        for name, stop in list(self._stops.items()):
-            if "memory" in stop.waiting and stop.exit_time is not None and taken >= stop.exit_time:
-                stop.row["memory_after"] = (self._system or {}).get("used")
-                stop.row["details"]["memory_after"] = self._system
-                stop.waiting.discard("memory")
-                self._maybe_finish(name, stop)
-
-    def memory_settled(self, seq: int, t: float, d: dict[str, Any]) -> None:
-        for name, stop in list(self._stops.items()):
-            if "settle" in stop.waiting:
-                stop.row["settle_seconds"] = d.get("waited")
-                stop.row["details"] |= {"settle_by": d.get("by"), "settle_for": d.get("model")}
-                stop.waiting.discard("settle")
-                self._maybe_finish(name, stop)
-
-    # ---- helpers ----------------------------------------------------------------------------
-
-    def _row(
-        self,
-        seq: int,
-        t: float,
-        kind: str,
-        d: dict[str, Any],
-        trigger: dict[str, Any],
-        *,
-        emit: bool = True,
-        details: dict[str, Any] | None = None,
-        **extra: Any,
-    ) -> Row:
-        row = _row(
-            seq, t, kind, model=d["model"], from_state=d["from"], to_state=d["to"],
-            reason=d.get("reason") or "", actor=trigger.get("actor") or "",
-            trigger_model=trigger.get("model") or "",
-            trigger_request=trigger.get("request_id") or "",
-            queue_depth=trigger.get("queue_depth") if trigger else None,
-            details=details or {}, **extra,
-        )  # fmt: skip
-        if emit:
-            self._emit(row)
-        return row
-
-    def _used(self) -> int | None:
-        return None if self._system is None else self._system.get("used")
-
-    def _wait_for_exit(
-        self,
-        model: str,
-        row: Row,
-        action: str,
-        reason: StopReason,
-        stop_timeout: float | None,
-        t: float,
-    ) -> None:
-        old = self._stops.pop(model, None)
-        if old is not None:  # a new stop before the old one's exit: never lose the old row
-            self._finish(model, old, incomplete=True)
-        stop = _Stop(row, action, reason, deadline=0.0)
-        self._stops[model] = stop
-        self._arm(model, stop, t + (stop_timeout or 0.0) + self.stop_grace)
-
-    def _arm(self, model: str, stop: _Stop, deadline: float) -> None:
-        stop.deadline = deadline
-        if stop.timer is not None:
-            stop.timer.cancel()
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop (a test feeding by hand): the next event's expire() checks
-        delay = max(0.0, deadline - time.time()) + 0.01
-        stop.timer = loop.call_later(delay, lambda: self.expire(time.time()))
-
-    def _maybe_finish(self, model: str, stop: _Stop) -> None:
-        if not stop.waiting:
-            self._finish(model, stop, incomplete=False)
-
-    def _finish(self, model: str, stop: _Stop, *, incomplete: bool) -> None:
-        if self._stops.get(model) is stop:
-            del self._stops[model]
-        if stop.timer is not None:
-            stop.timer.cancel()
-        if incomplete and stop.waiting:
-            stop.row["details"]["incomplete"] = sorted(stop.waiting)
-        self._emit(stop.row)
-
-
-def _row(seq: int, t: float, kind: str, **fields: Any) -> Row:
-    row: Row = {"seq": seq, "time": t, "kind": str(kind)}
-    row.update(fields)
-    row.setdefault("details", {})
-    return row
-
-
-def _exit_details(d: dict[str, Any]) -> dict[str, Any]:
-    keys = ("pid", "signal", "duration", "expected", "was_ready", "stop_seconds")
-    return {k: d.get(k) for k in keys} | {"last_lines": (d.get("last_lines") or [])[-LAST_LINES:]}
-
-
 # ---- storing ---------------------------------------------------------------------------------
 
 
 class DatabaseUnavailable(Exception):
-    """The rows could not be written now; spool them and try again later."""
+    """The rows could not be written now; they stay in the journal and are tried again later."""
 
 
 def to_event(row: Row) -> AuditEvent:
@@ -512,54 +100,19 @@ def _store_one_by_one(events: list[AuditEvent]) -> None:
             raise DatabaseUnavailable(str(exc).strip()) from exc
 
 
-class Spool:
-    """An append-only JSON-lines file of rows not yet stored, oldest first."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __bool__(self) -> bool:
-        return self.path.exists() and self.path.stat().st_size > 0
-
-    def append(self, rows: Iterable[Row]) -> None:
-        text = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            _fsync(f.fileno())
-
-    def read(self) -> list[Row]:
-        rows = []
-        with self.path.open(encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:  # a line cut short by a crash while appending
-                    log.warning("audit spool %s: line %d is not JSON, skipped", self.path, number)
-        return rows
-
-    def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
-
-
-def _fsync(fd: int) -> None:
-    import os
-
-    os.fsync(fd)
-
-
 class AuditWriter:
-    """The router host's audit listener: map events on the loop, store rows from a thread.
+    """The router host's audit listener: map and journal on the loop, store from a thread.
 
-    ``writer(event)`` is called on the router's loop and never blocks. ``start()`` starts the
-    thread; ``flush()`` blocks until every row produced so far is in the database (tests, and
-    the shutdown path); ``close()`` writes waiting rows incomplete, spools what the database
-    does not take in time and stops the thread.
+    ``writer(event)`` is called on the router's loop and never blocks on the database.
+    ``start()`` starts the thread; ``flush()`` blocks until every row produced so far is in the
+    database (tests, the shutdown path); ``close()`` writes the waiting rows incomplete, tries
+    once more to store everything and stops the thread — rows the database does not take stay
+    in the journal for the next start. Call ``close`` off the loop (``aclose``).
     """
 
     def __init__(
         self,
-        spool_path: Path,
+        journal_dir: Path,
         *,
         router_id: str | None = None,
         settle_expected: Callable[[], bool] = lambda: False,
@@ -570,11 +123,17 @@ class AuditWriter:
         max_retry_interval: float = 30.0,
         stop_grace: float = STOP_GRACE,
         after_exit: float = AFTER_EXIT,
+        legacy_spool: Path | None = None,
+        segment_bytes: int | None = None,
+        on_outage_over: Callable[[float], None] | None = None,
     ) -> None:
         self.router_id = router_id or new_router_id()
-        self.spool = Spool(spool_path)
+        extra = {} if segment_bytes is None else {"segment_bytes": segment_bytes}
+        self.journal = Journal(journal_dir, self.router_id, **extra)
+        self.reader = JournalReader(journal_dir, self.router_id, legacy_spool)
         self.mapper = AuditMapper(
             self._produce,
+            on_pending=self._pending,
             settle_expected=settle_expected,
             stop_grace=stop_grace,
             after_exit=after_exit,
@@ -584,27 +143,27 @@ class AuditWriter:
         self.interval = interval
         self.retry_interval = retry_interval
         self.max_retry_interval = max_retry_interval
-        self._queue: queue.SimpleQueue[Row] = queue.SimpleQueue()
-        self._lock = threading.Lock()  # orders a late row against the thread's exit
-        self._finished = False  # the thread has exited: late rows go straight to the spool
+        self.on_outage_over = on_outage_over
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._done = threading.Condition()
         self._thread: threading.Thread | None = None
         self._next_retry = 0.0
         self._backoff = retry_interval
-        self._spooled_stored = 0  # rows of the current spool already stored (this process)
-        self.produced = 0  # rows handed to the thread
-        self.stored = 0  # rows the database has taken (each row counted once)
-        self.spooled = 0  # rows that went through the spool
+        self._down_since: float | None = None
+        self.produced = 0  # rows journaled as finished (this boot)
+        self.stored = 0  # of those, rows the database has taken
+        self.recovered = 0  # rows of earlier boots stored from their journals
         self.outages = 0
-        self._down = False  # in an outage: the database refused the last write
+        self.closed = False
 
     @classmethod
     def for_engine(cls, engine: Engine, **kwargs: Any) -> AuditWriter:
-        """The writer of the router host: spool in the data dir, settle rows in memory mode."""
+        """The writer of the router host: journal in the data dir, settle rows in memory mode."""
         kwargs.setdefault("settle_expected", lambda: engine.config.memory_budget is not None)
-        return cls(Path(settings.DATA_DIR) / SPOOL_NAME, **kwargs)
+        data = Path(settings.DATA_DIR)
+        kwargs.setdefault("legacy_spool", data / LEGACY_SPOOL)
+        return cls(data / DIR_NAME, **kwargs)
 
     # ---- the loop side ----------------------------------------------------------------------
 
@@ -613,19 +172,21 @@ class AuditWriter:
 
     def _produce(self, row: Row) -> None:
         row["router_id"] = self.router_id
+        self.journal.append([final(row)], self.mapper.pending)
         self.produced += 1
-        with self._lock:
-            if not self._finished:
-                self._queue.put(row)
-                return
-        self._to_spool([row])  # after close: the next router writes it
+        self._wake.set()
+
+    def _pending(self, row: Row, waiting: list[str]) -> None:
+        row["router_id"] = self.router_id
+        self.journal.append([pending(row, waiting)], self.mapper.pending)
 
     async def run_until_cancelled(self) -> None:
-        """Wait; when cancelled (the host stops), close: nothing waiting is lost."""
+        """Wait; when cancelled (the host stops), close off the loop: nothing waiting is lost."""
         try:
             await asyncio.Event().wait()
         finally:
-            self.close(timeout=10.0)
+            self.mapper.finish_all()  # on the loop: the mapper is the loop's
+            await asyncio.to_thread(self.close, 10.0)
 
     # ---- control ----------------------------------------------------------------------------
 
@@ -633,7 +194,6 @@ class AuditWriter:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="audit writer", daemon=True)
             self._thread.start()
-            atexit.register(self.close)
         return self
 
     def flush(self, timeout: float = 30.0) -> bool:
@@ -645,107 +205,71 @@ class AuditWriter:
             return self._done.wait_for(lambda: self.stored >= target, timeout)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Write the waiting rows (incomplete), store or spool everything, stop the thread."""
+        """Stop the thread after one last attempt to store everything (bounded by ``timeout``)."""
         if self._closing.is_set():
             return
-        self.mapper.finish_all()
         self._closing.set()
+        self._next_retry = 0.0
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
-                log.warning("audit writer still busy after %.0f s; rows left in the spool", timeout)
+                log.warning("audit writer still busy after %.0f s; rows stay journaled", timeout)
         else:
-            self._work()  # never started: do the work here
+            self._drain()  # never started: do the work here
+        self.journal.close()
+        self.closed = True
 
     # ---- the thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
-            self._work()
+            while not self._closing.is_set():
+                self._wake.wait(self.interval)
+                self._wake.clear()
+                if time.monotonic() >= self._next_retry:
+                    self._drain()
+            self._drain()
         finally:
             connection.close()
 
-    def _work(self) -> None:
-        while True:
-            batch = self._take()
-            if self._closing.is_set() and self._queue.empty():
-                with self._lock:
-                    self._finished = True
-                    while not self._queue.empty():  # produced while we took the batch
-                        batch.append(self._queue.get_nowait())
-                self._final(batch)
-                return
-            self._write(batch)
-
-    def _take(self) -> list[Row]:
-        self._wake.wait(self.interval)
-        self._wake.clear()
-        batch: list[Row] = []
-        while len(batch) < self.batch_size:
-            try:
-                batch.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return batch
-
-    def _write(self, batch: list[Row]) -> None:
-        if self.spool:
-            if batch:
-                self._to_spool(batch)
-            if time.monotonic() >= self._next_retry:
-                self._drain()
-            return
-        if not batch:
-            return
-        try:
-            self._store(batch)
-        except DatabaseUnavailable as exc:
-            self._outage(exc)
-            self._to_spool(batch)
-        else:
-            self._stored(batch)
-
-    def _final(self, batch: list[Row]) -> None:
-        """Closing: spool first (local and fast), then one attempt to drain into the database."""
-        if batch or self.spool:
-            if batch:
-                self._to_spool(batch)
-            self._drain()
-
-    def _to_spool(self, rows: list[Row]) -> None:
-        self.spool.append(rows)
-        self.spooled += len(rows)
-
     def _drain(self) -> None:
-        """Store the spool in order, chunk by chunk; delete it once every row is stored."""
-        rows = self.spool.read()
-        try:
-            while self._spooled_stored < len(rows):
-                chunk = rows[self._spooled_stored : self._spooled_stored + self.batch_size]
-                self._store(chunk)
-                self._spooled_stored += len(chunk)
-                self._stored(chunk)
-        except DatabaseUnavailable as exc:
-            self._outage(exc)
-            return
-        self.spool.remove()
-        self._spooled_stored = 0
-        self._backoff = self.retry_interval
-        if self._down:
-            self._down = False
-            log.warning("audit: the database is back; %d spooled rows written", len(rows))
+        """Store what the journal holds, batch by batch, until it is empty or the database fails."""
+        while True:
+            batch = self.reader.read(self.journal.current, self.batch_size)
+            if not (batch.rows or batch.advance or batch.done):
+                return
+            try:
+                if batch.rows:
+                    self._store(batch.rows)
+            except DatabaseUnavailable as exc:
+                self._outage(exc)
+                return
+            self.reader.stored(batch)
+            self._stored(batch.rows)
+            self._recovered()
 
     def _outage(self, exc: DatabaseUnavailable) -> None:
-        if not self._down:
-            self._down = True
+        if self._down_since is None:
+            self._down_since = time.monotonic()
             self.outages += 1
-            log.warning("audit: database unavailable (%s); spooling to %s", exc, self.spool.path)
+            log.warning("audit: database unavailable (%s); rows wait in the journal", exc)
         self._next_retry = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self.max_retry_interval)
 
+    def _recovered(self) -> None:
+        self._backoff = self.retry_interval
+        if self._down_since is None:
+            return
+        seconds, self._down_since = time.monotonic() - self._down_since, None
+        log.warning("audit: the database is back after %.1f s; journaled rows written", seconds)
+        if self.on_outage_over is not None:
+            self.on_outage_over(seconds)
+
     def _stored(self, rows: list[Row]) -> None:
-        """Count this router's rows (a spool may hold an earlier router's too)."""
+        """Count this router's rows (a journal may hold an earlier router's too)."""
         with self._done:
-            self.stored += sum(1 for row in rows if row.get("router_id") == self.router_id)
+            own = sum(1 for row in rows if row.get("router_id") == self.router_id)
+            self.stored += own
+            self.recovered += len(rows) - own
             self._done.notify_all()

@@ -1,30 +1,33 @@
-"""The channel protocol between the web side and the router worker (DESIGN §5, STYLE 13).
+"""The web side's one way to the router, and the channel protocol (DESIGN §5, §10, STYLE 13).
 
 This is the ONLY module that knows channel and group names and message shapes. The web side
-(HTTP views, SSE, WebSocket consumers) uses ``RouterClient``; the router worker (worker.py)
-handles the ``router.*`` messages, one handler per type, named after it (``router_acquire``).
+(HTTP views, SSE, WebSocket consumers, tasks) uses ``RouterClient``; the router worker
+(worker.py) answers the ``router.*`` messages, one handler per type, named after it.
 
-Every request that expects an answer carries ``reply_channel`` (a fresh channel of the caller)
-and a ``request_id``. An acquire is answered at once with ``router.queued``, ``router.granted``
-or ``router.rejected``; a queued one later gets ``router.granted`` or ``router.rejected``. If the
-first answer does not come within ``ROUTER_TIMEOUT`` the router is not running: 503
-``router unavailable``. A granted lease is renewed while the response streams and released
-when it ends; if the web process dies, the lease expires in the router.
+Two ways to the router, one API:
 
-Messages (web → router, channel ``router``)::
+* **In process** (embedded mode: ``serve`` runs the engine in its own event loop). The client
+  calls the engine directly — no channel-layer hop, no message that a full channel could refuse
+  (a burst of requests queues in the engine, never in a channel), no lease renewals (a lease
+  held by this process cannot outlive it). Progress of a streamed answer is written straight
+  into the engine for its hang watchdog.
+* **Over the channel layer** (team mode: ``runrouter`` elsewhere, Redis between). Every message
+  carries ``expires`` (wall clock): the router drops one that arrives after it, so a request the
+  web side already answered with an error never runs later. A web process that gives up sends
+  ``router.cancel``. While a request waits in the queue, the router's heartbeat (liveness.py)
+  is watched: a dead or restarted router answers it 503 within seconds. Anything the layer
+  refuses (Redis away, a full channel) is a 503 ``router unavailable`` with Retry-After.
+
+Messages (web → router, channel ``router``); every one has ``expires``::
 
     router.acquire  {request_id, model, reply_channel, actor, autoload}
-    router.renew    {lease_id}
+    router.renew    {lease_id, idle}            (idle: seconds since the last byte went out)
     router.release  {lease_id}
     router.cancel   {request_id}
-    router.load     {request_id, model, reply_channel, actor}
-    router.unload   {request_id, model, reply_channel, actor}
-    router.cancel_queued {request_id, reply_channel, actor, model | queued_request}
-    router.reload   {request_id, reply_channel, actor, sources}  (sources: re-read INI/dir)
-    router.snapshot {request_id, reply_channel}
-    router.settings {request_id, reply_channel, actor}
+    router.load / unload / cancel_queued / reload / snapshot / settings / lease
+                    {request_id, reply_channel, ...}      (see RouterHost.call for each)
 
-Answers (router → reply channel)::
+Answers (router → reply channel); each carries the router's ``boot`` id::
 
     router.queued   {request_id, position}
     router.granted  {request_id, lease_id, model, port, lease_ttl}
@@ -40,17 +43,29 @@ Events (router → group ``router.events``)::
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, TypeVar
 
 from channels.layers import BaseChannelLayer, get_channel_layer
+
+if TYPE_CHECKING:
+    from routerpanel.router.engine import Engine, RouterError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ROUTER_CHANNEL = "router"
 EVENTS_GROUP = "router.events"
 ROUTER_TIMEOUT = 5.0  # seconds for the router's first answer before "router unavailable"
 CALL_TIMEOUT = 900.0  # seconds a call may run once accepted (a reload waits for stops)
+EXPIRY_MARGIN = 1.0  # a message expires this long before its sender stops waiting
+QUIET_EXPIRY = 60.0  # renew / release / cancel: no answer awaited; stale after this
+RETRY_AFTER = 5
 
 
 class ErrorBody(TypedDict):
@@ -66,32 +81,14 @@ class AcquireMessage(TypedDict):
     reply_channel: str
     actor: str
     autoload: bool
-
-
-class LeaseMessage(TypedDict):
-    type: Literal["router.renew", "router.release"]
-    lease_id: str
-
-
-class CancelMessage(TypedDict):
-    type: Literal["router.cancel"]
-    request_id: str
-
-
-class CallMessage(TypedDict, total=False):
-    type: str  # router.load / unload / cancel_queued / reload / snapshot / settings
-    request_id: str
-    reply_channel: str
-    model: str
-    actor: str
-    sources: bool  # router.reload: re-import --models-preset / --models-dir first
-    what: str  # router.snapshot: "snapshot" (default), "memory", "logs" or "metrics"
+    expires: float
 
 
 class QueuedMessage(TypedDict):
     type: Literal["router.queued"]
     request_id: str
     position: int
+    boot: str
 
 
 class GrantedMessage(TypedDict):
@@ -101,6 +98,7 @@ class GrantedMessage(TypedDict):
     model: str
     port: int
     lease_ttl: float
+    boot: str
 
 
 class RejectedMessage(TypedDict):
@@ -109,6 +107,7 @@ class RejectedMessage(TypedDict):
     status: int
     error: ErrorBody
     retry_after: float | None
+    boot: str
 
 
 class ResultMessage(TypedDict):
@@ -117,6 +116,7 @@ class ResultMessage(TypedDict):
     ok: bool
     status: int
     body: dict[str, Any]
+    boot: str
 
 
 class EventMessage(TypedDict):
@@ -141,26 +141,75 @@ class RouterRejected(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": dict(self.error)}
 
+    @classmethod
+    def from_error(cls, exc: RouterError) -> RouterRejected:
+        return cls(exc.status, error_body(exc.status, exc.message, exc.error_type), exc.retry_after)
 
-def router_unavailable() -> RouterRejected:
-    return RouterRejected(503, error_body(503, "router unavailable", "unavailable_error"), 5)
+
+def router_unavailable(why: str = "") -> RouterRejected:
+    text = f"router unavailable: {why}" if why else "router unavailable"
+    return RouterRejected(503, error_body(503, text, "unavailable_error"), RETRY_AFTER)
 
 
 @dataclass(frozen=True)
 class Grant:
+    """A granted request: send it to ``port``; release the lease when the answer ends.
+
+    ``lease_ttl`` is ``inf`` for an in-process grant: nothing to renew.
+    """
+
     request_id: str
     lease_id: str
     model: str
     port: int
     lease_ttl: float
+    boot: str = ""
+
+    @property
+    def local(self) -> bool:
+        return math.isinf(self.lease_ttl)
+
+
+class LocalRouter(Protocol):
+    """What the router host offers to a web side in the same process (worker.RouterHost)."""
+
+    engine: Engine | None
+    boot: str
+    loop: asyncio.AbstractEventLoop | None
+
+    async def call(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]: ...
+
+
+_local: LocalRouter | None = None
+
+
+def register_local(host: LocalRouter | None) -> None:
+    """The router host of this process (or None when it stops): clients call it directly."""
+    global _local
+    _local = host
+
+
+def local_router() -> LocalRouter | None:
+    host = _local
+    return host if host is not None and host.engine is not None else None
 
 
 class RouterClient:
-    """Talk to the router worker over the channel layer (web side). One per process is fine."""
+    """Talk to the router (see module doc). Cheap to make; one per process is fine.
+
+    ``RouterClient()`` calls the router of this process when there is one (embedded mode) and
+    goes over the default channel layer otherwise; ``RouterClient(layer)`` always uses ``layer``.
+    """
 
     def __init__(self, layer: BaseChannelLayer | None = None, timeout: float = ROUTER_TIMEOUT):
         self._layer = layer
+        self._explicit_layer = layer is not None
         self.timeout = timeout
+
+    def with_timeout(self, timeout: float) -> RouterClient:
+        """The same client with another first-answer deadline."""
+        twin = RouterClient(self._layer if self._explicit_layer else None, timeout=timeout)
+        return twin
 
     @property
     def layer(self) -> BaseChannelLayer:
@@ -170,12 +219,47 @@ class RouterClient:
                 raise RuntimeError("no channel layer configured (CHANNEL_LAYERS)")
         return self._layer
 
+    def _in_process(self) -> LocalRouter | None:
+        return None if self._explicit_layer else local_router()
+
+    # ---- requests -----------------------------------------------------------------------
+
     async def acquire(
         self, model: str, *, actor: str = "", autoload: bool = True, request_id: str | None = None
     ) -> Grant:
         """Wait for a lease on ``model``; raise ``RouterRejected``. Cancelling leaves the queue."""
         request_id = request_id or uuid.uuid4().hex
-        reply = await self.layer.new_channel()
+        host = self._in_process()
+        if host is not None:
+            return await self._acquire_local(host, model, actor, autoload, request_id)
+        return await self._acquire_remote(model, actor, autoload, request_id)
+
+    async def _acquire_local(
+        self, host: LocalRouter, model: str, actor: str, autoload: bool, request_id: str
+    ) -> Grant:
+        from routerpanel.router.engine import RouterError
+
+        engine = host.engine
+        if engine is None:
+            raise router_unavailable()
+        try:
+            lease = await _on_loop(
+                host,
+                engine.acquire(
+                    model, request_id=request_id, actor=actor, autoload=autoload, renewable=False
+                ),
+            )
+        except RouterError as exc:
+            raise RouterRejected.from_error(exc) from None
+        return Grant(request_id, lease.lease_id, lease.model, lease.port, math.inf, host.boot)
+
+    async def _acquire_remote(
+        self, model: str, actor: str, autoload: bool, request_id: str
+    ) -> Grant:
+        watch = _watch()
+        if watch is not None and (why := watch.lost(None)) is not None:
+            raise router_unavailable(why)  # known dead: do not even queue a message
+        reply = await self._new_channel()
         message: AcquireMessage = {
             "type": "router.acquire",
             "request_id": request_id,
@@ -183,23 +267,179 @@ class RouterClient:
             "reply_channel": reply,
             "actor": actor,
             "autoload": autoload,
+            "expires": time.time() + self.timeout - EXPIRY_MARGIN,
         }
-        await self.layer.send(ROUTER_CHANNEL, message)
+        await self._send(message)
         try:
             answer = await self._first_answer(reply)
-            while answer["type"] == "router.queued":
-                answer = await self.layer.receive(reply)
-        except asyncio.CancelledError:
+            while answer["type"] == "router.queued":  # no deadline but the router's life
+                answer = await self._until_router_gone(
+                    self.layer.receive(reply), answer.get("boot")
+                )
+        except (asyncio.CancelledError, RouterRejected):
             await self._send_quietly({"type": "router.cancel", "request_id": request_id})
             raise
         return self._grant_or_raise(answer)
 
+    async def renew(self, lease_id: str, idle: float | None = None) -> None:
+        """Keep a remote lease alive; ``idle``: seconds since the last byte went out."""
+        await self._send_quietly({"type": "router.renew", "lease_id": lease_id, "idle": idle})
+
+    def progress(self, grant: Grant) -> None:
+        """A byte of the answer went out now (in process: straight into the watchdog)."""
+        host = self._in_process()
+        if host is not None and host.engine is not None and grant.local:
+            host.engine.progress(grant.lease_id)
+
+    async def release(self, grant: Grant | str) -> None:
+        lease_id = grant if isinstance(grant, str) else grant.lease_id
+        host = self._in_process()
+        if host is not None and host.engine is not None:
+            host.engine.release(lease_id)
+            return
+        await self._send_quietly({"type": "router.release", "lease_id": lease_id})
+
+    async def why_ended(self, grant: Grant) -> RouterRejected | None:
+        """Ask why the router ended this lease (its child was killed as hung), or None.
+
+        Called when the child's answer breaks off: the rare path, so a round trip is fine.
+        """
+        host = self._in_process()
+        if host is not None and host.engine is not None:
+            error = host.engine.why_ended(grant.lease_id)
+            return None if error is None else RouterRejected.from_error(error)
+        try:
+            body = await self.call("lease", lease_id=grant.lease_id)
+        except RouterRejected:
+            return None
+        error = body.get("error")
+        if not isinstance(error, dict):
+            return None
+        status = int(error.get("code") or 503)
+        rejected = error_body(status, str(error.get("message")), str(error.get("type")))
+        return RouterRejected(status, rejected, body.get("retry_after"))
+
+    # ---- calls ----------------------------------------------------------------------------
+
+    async def call(self, kind: str, **payload: Any) -> dict[str, Any]:
+        """Ask the router something (``load``, ``unload``, ``reload``, ``snapshot``, …).
+
+        Returns the answer's body; raises ``RouterRejected`` when it says no and
+        ``router unavailable`` when it does not answer in time.
+        """
+        host = self._in_process()
+        if host is not None:
+            return await self._call_local(host, kind, payload)
+        return await self._call_remote(kind, payload)
+
+    async def _call_local(
+        self, host: LocalRouter, kind: str, payload: dict[str, Any]
+    ) -> dict[str, Any]:
+        from routerpanel.router.engine import RouterError
+
+        try:
+            return await _on_loop(host, host.call(kind, payload))
+        except RouterError as exc:
+            raise RouterRejected.from_error(exc) from None
+
+    async def _call_remote(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+        watch = _watch()
+        if watch is not None and (why := watch.lost(None)) is not None:
+            raise router_unavailable(why)
+        request_id = uuid.uuid4().hex
+        reply = await self._new_channel()
+        message = {
+            "type": f"router.{kind}",
+            "request_id": request_id,
+            "reply_channel": reply,
+            "expires": time.time() + self.timeout - EXPIRY_MARGIN,
+            **payload,
+        }
+        await self._send(message)
+        answer = await self._first_answer(reply)
+        if answer["type"] == "router.accepted":
+            try:
+                async with asyncio.timeout(CALL_TIMEOUT):
+                    answer = await self._until_router_gone(
+                        self.layer.receive(reply), answer.get("boot")
+                    )
+            except TimeoutError:
+                raise router_unavailable() from None
+        body: dict[str, Any] = answer["body"]
+        if not answer["ok"]:
+            raise RouterRejected(answer["status"], body["error"], body.get("retry_after"))
+        return body
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """Yield router events (``{seq, type, time, data}``) until the caller stops iterating."""
+        host = self._in_process()
+        if host is not None and host.engine is not None:
+            async with host.engine.subscribe(maxsize=10_000) as events:
+                async for event in events:
+                    yield {"seq": event.seq, "type": event.type, "time": event.time,
+                           "data": event.data}  # fmt: skip
+            return
+        channel = await self.layer.new_channel()
+        await self.layer.group_add(EVENTS_GROUP, channel)
+        try:
+            while True:
+                message = await self.layer.receive(channel)
+                if message.get("type") == "router.event":
+                    yield message["event"]
+        finally:
+            try:
+                await self.layer.group_discard(EVENTS_GROUP, channel)
+            except Exception:
+                log.debug("could not leave the events group", exc_info=True)
+
+    # ---- the channel layer ----------------------------------------------------------------
+
     async def _first_answer(self, reply: str) -> dict[str, Any]:
         try:  # not wait_for: on Python 3.11 that makes a task per call (every acquire)
             async with asyncio.timeout(self.timeout):
-                return await self.layer.receive(reply)
+                answer: dict[str, Any] = await self.layer.receive(reply)
+                return answer
         except TimeoutError:
             raise router_unavailable() from None
+
+    async def _until_router_gone(self, wait: Awaitable[T], boot: str | None) -> T:
+        """Await ``wait``; raise 503 as soon as the router that answered is dead or replaced."""
+        watch = _watch()
+        if watch is None:
+            return await wait
+        waiting = asyncio.ensure_future(wait)
+        gone = asyncio.ensure_future(watch.gone(boot))
+        try:
+            await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not waiting.done():
+                waiting.cancel()
+        if waiting.done() and not waiting.cancelled():
+            return waiting.result()
+        raise router_unavailable(gone.result() if gone.done() and not gone.cancelled() else "")
+
+    async def _new_channel(self) -> str:
+        try:
+            channel: str = await self.layer.new_channel()
+            return channel
+        except Exception as exc:
+            raise router_unavailable() from exc
+
+    async def _send(self, message: Any) -> None:
+        """Send to the router; a layer that refuses (Redis away, full) is a 503, never a 500."""
+        try:
+            await self.layer.send(ROUTER_CHANNEL, message)
+        except Exception as exc:
+            log.warning("could not send %s to the router: %s", message["type"], exc)
+            raise router_unavailable() from exc
+
+    async def _send_quietly(self, message: dict[str, Any]) -> None:
+        message.setdefault("expires", time.time() + QUIET_EXPIRY)
+        try:
+            await self.layer.send(ROUTER_CHANNEL, message)
+        except Exception:  # a full or unreachable layer must not turn a release into a 500
+            log.warning("could not send %s", message["type"], exc_info=True)
 
     @staticmethod
     def _grant_or_raise(answer: dict[str, Any]) -> Grant:
@@ -210,69 +450,46 @@ class RouterClient:
                 answer["model"],
                 int(answer["port"]),
                 float(answer["lease_ttl"]),
+                answer.get("boot", ""),
             )
         raise RouterRejected(answer["status"], answer["error"], answer.get("retry_after"))
 
-    async def renew(self, lease_id: str) -> None:
-        await self._send_quietly({"type": "router.renew", "lease_id": lease_id})
 
-    async def release(self, lease_id: str) -> None:
-        await self._send_quietly({"type": "router.release", "lease_id": lease_id})
+def _watch() -> Any:
+    """The router's heartbeat watch of this loop in team mode; None without Redis."""
+    from django.conf import settings
 
-    async def call(self, kind: str, **payload: Any) -> dict[str, Any]:
-        """Ask the router something (``load``, ``unload``, ``reload``, ``snapshot``, ``settings``).
+    if not settings.REDIS_URL:
+        return None
+    from models_app import liveness
 
-        Returns the answer's body; raises ``RouterRejected`` when it says no and
-        ``router unavailable`` when it does not answer in time.
-        """
-        request_id = uuid.uuid4().hex
-        reply = await self.layer.new_channel()
-        message: CallMessage = {
-            "type": f"router.{kind}",
-            "request_id": request_id,
-            "reply_channel": reply,
-            **payload,  # type: ignore[typeddict-item]
-        }
-        await self.layer.send(ROUTER_CHANNEL, message)
-        answer = await self._first_answer(reply)
-        if answer["type"] == "router.accepted":
-            try:
-                answer = await asyncio.wait_for(self.layer.receive(reply), CALL_TIMEOUT)
-            except TimeoutError:
-                raise router_unavailable() from None
-        body: dict[str, Any] = answer["body"]
-        if not answer["ok"]:
-            raise RouterRejected(answer["status"], body["error"], body.get("retry_after"))
-        return body
-
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """Yield router events (``{seq, type, time, data}``) until the caller stops iterating."""
-        channel = await self.layer.new_channel()
-        await self.layer.group_add(EVENTS_GROUP, channel)
-        try:
-            while True:
-                message = await self.layer.receive(channel)
-                yield message["event"]
-        finally:
-            await self.layer.group_discard(EVENTS_GROUP, channel)
-
-    async def _send_quietly(self, message: dict[str, Any]) -> None:
-        try:
-            await self.layer.send(ROUTER_CHANNEL, message)
-        except Exception:  # a full or unreachable layer must not turn a release into a 500
-            import logging
-
-            logging.getLogger(__name__).warning("could not send %s", message["type"], exc_info=True)
+    return liveness.watch()
 
 
-# Router side helpers: building answers (used by worker.py only).
+async def _on_loop(host: LocalRouter, work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` on the router's loop: the engine must only be touched from there."""
+    loop = host.loop
+    if loop is None or loop is asyncio.get_running_loop():
+        return await work
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
 
 
-def queued(request_id: str, position: int) -> QueuedMessage:
-    return {"type": "router.queued", "request_id": request_id, "position": position}
+def expired(message: dict[str, Any], now: float | None = None) -> bool:
+    """Whether a message's sender has stopped waiting for it (its ``expires`` has passed)."""
+    expires = message.get("expires")
+    return isinstance(expires, int | float) and expires < (now or time.time())
 
 
-def granted(request_id: str, lease_id: str, model: str, port: int, ttl: float) -> GrantedMessage:
+# ---- router side: building answers (worker.py only) ---------------------------------------
+
+
+def queued(request_id: str, position: int, boot: str = "") -> QueuedMessage:
+    return {"type": "router.queued", "request_id": request_id, "position": position, "boot": boot}
+
+
+def granted(
+    request_id: str, lease_id: str, model: str, port: int, ttl: float, boot: str = ""
+) -> GrantedMessage:
     return {
         "type": "router.granted",
         "request_id": request_id,
@@ -280,11 +497,16 @@ def granted(request_id: str, lease_id: str, model: str, port: int, ttl: float) -
         "model": model,
         "port": port,
         "lease_ttl": ttl,
+        "boot": boot,
     }
 
 
 def rejected(
-    request_id: str, status: int, error: ErrorBody, retry_after: float | None = None
+    request_id: str,
+    status: int,
+    error: ErrorBody,
+    retry_after: float | None = None,
+    boot: str = "",
 ) -> RejectedMessage:
     return {
         "type": "router.rejected",
@@ -292,20 +514,24 @@ def rejected(
         "status": status,
         "error": error,
         "retry_after": retry_after,
+        "boot": boot,
     }
 
 
-def accepted(request_id: str) -> dict[str, str]:
-    return {"type": "router.accepted", "request_id": request_id}
+def accepted(request_id: str, boot: str = "") -> dict[str, str]:
+    return {"type": "router.accepted", "request_id": request_id, "boot": boot}
 
 
-def result(request_id: str, body: dict[str, Any], status: int = 200) -> ResultMessage:
+def result(
+    request_id: str, body: dict[str, Any], status: int = 200, boot: str = ""
+) -> ResultMessage:
     return {
         "type": "router.result",
         "request_id": request_id,
         "ok": status < 400,
         "status": status,
         "body": body,
+        "boot": boot,
     }
 
 

@@ -76,6 +76,11 @@ COUNTERS = {
     "crashes": "Children that exited on their own while serving, with a non-zero code.",
     "stuck": "Children whose process group survived SIGKILL.",
     "lease_expirations": "Leases not renewed in time (a web process went away).",
+    "hung_kills": "Busy children killed by the watchdog: no byte and no progress for their "
+    "hang-timeout.",
+    "crash_backoffs": "Crash-loop back-offs begun (a ready child died unasked soon after start).",
+    "expired_messages": "Messages from web processes dropped because their sender had stopped "
+    "waiting (type: the message type).",
 }
 
 
@@ -131,6 +136,16 @@ class RouterMetrics:
     def lease_expired(self, t: float, d: dict[str, Any]) -> None:
         self._inc("lease_expirations", model=d.get("model") or "")
 
+    def model_hung(self, t: float, d: dict[str, Any]) -> None:
+        self._inc("hung_kills", model=d.get("model") or "")
+
+    def model_backoff(self, t: float, d: dict[str, Any]) -> None:
+        self._inc("crash_backoffs", model=d.get("model") or "")
+
+    def message_expired(self, t: float, d: dict[str, Any]) -> None:
+        for kind, n in (d.get("counts") or {}).items():
+            self.counters["expired_messages"][(("type", str(kind)),)] += n
+
     def queue_changed(self, t: float, d: dict[str, Any]) -> None:
         """An entry that leaves the queue (served, or every waiter gone) waited since ``since``."""
         current = {e["ticket"]: e["since"] for e in d.get("entries") or []}
@@ -155,7 +170,7 @@ class RouterMetrics:
 
     def _counter(self, name: str, models: list[str]) -> Family:
         values = dict(self.counters[name])
-        if name not in ("evictions", "unloads"):  # start known series at 0 for rate()
+        if name not in ("evictions", "unloads", "expired_messages"):  # series at 0 for rate()
             for model in models:
                 values.setdefault((("model", model),), 0.0)
         samples = [("", dict(labels), value) for labels, value in sorted(values.items())]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,15 +22,17 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.consumer import AsyncConsumer
 from channels.layers import BaseChannelLayer
+from django.conf import settings
 
-from models_app import bridge, specs
-from models_app.audit_writer import AuditWriter
+from models_app import bridge, liveness, specs
+from models_app.audit_writer import AuditWriter, new_router_id
 from models_app.metrics import RouterMetrics
 from routerpanel.router.engine import Engine, EngineEvent, RouterError, Subscription
 
 log = logging.getLogger(__name__)
 
 QUEUED_AFTER = 0.5  # seconds: an acquire not answered by then is told "queued" first
+EXPIRED_NOTE_EVERY = 10.0  # seconds: dropped expired messages are published this often at most
 
 _host: RouterHost | None = None
 
@@ -48,16 +51,29 @@ class RouterHost:
         overrides: specs.Overrides | None = None,
         state_file: Path | None = None,
         before_reload: Callable[[], Awaitable[None]] | None = None,
+        heartbeat: bool | None = None,
+        boot: str | None = None,
     ) -> None:
         self.layer = layer
         self.overrides = overrides or specs.Overrides()
         self.state_file = state_file
         self.before_reload = before_reload
         self.engine: Engine | None = None
+        self.boot = boot or new_router_id()  # this boot's id: audit rows, heartbeat, answers
+        self.loop: asyncio.AbstractEventLoop | None = None
+        # Team mode: tell web processes we live (liveness.py); default: whenever Redis is set.
+        self.heartbeat = bool(settings.REDIS_URL) if heartbeat is None else heartbeat
         self._tasks: set[asyncio.Task[Any]] = set()
         self._acquires: dict[str, asyncio.Task[Any]] = {}
         self._readers: list[asyncio.Task[None]] = []
         self._listeners: list[Callable[[EngineEvent], None]] = []
+        self._expired: Counter[str] = Counter()
+        self._expired_flush: asyncio.TimerHandle | None = None
+        self._calls: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+            "load": self._load, "unload": self._unload, "cancel_queued": self._cancel_queued,
+            "reload": self._reload, "snapshot": self._snapshot, "settings": self._settings,
+            "lease": self._lease,
+        }  # fmt: skip
 
     def add_listener(self, listener: Callable[[EngineEvent], None]) -> None:
         """Call ``listener`` with every engine event, in order (audit writer, metrics). It must
@@ -72,13 +88,16 @@ class RouterHost:
         channel-layer publisher on another, so a slow layer can never cost an audit row.
         """
         global _host
+        self.loop = asyncio.get_running_loop()
         config, presets = await sync_to_async(specs.load_specs)(self.overrides)
         self.engine = Engine(config, presets, state_file=self.state_file)
         # Issue 5: the audit log and the metrics are listeners; the writer stores rows from a
         # thread and is closed (rows still waiting are written) when its task ends.
-        self.audit = AuditWriter.for_engine(self.engine).start()
+        self.audit = AuditWriter.for_engine(
+            self.engine, router_id=self.boot, on_outage_over=self._database_back
+        ).start()
+        self.engine.add_tap(self.audit)  # journaled in the publish path (audit_journal.py)
         self.metrics = RouterMetrics()
-        self.add_listener(self.audit)
         self.add_listener(self.metrics.observe)
         self._writer = self._spawn(self.audit.run_until_cancelled())
         self._readers = [
@@ -88,11 +107,18 @@ class RouterHost:
         leftovers = await self.engine.start()
         for leftover in leftovers:
             log.warning("killed a leftover child from an earlier router: %s", leftover)
+        if self.heartbeat:
+            self._beat = liveness.Heartbeat(self.boot, on_back=self.redis_back)
+            self._spawn(self._beat.run())
         _host = self
+        bridge.register_local(self)
 
     async def stop(self) -> None:
         """Stop every child within its stop-timeout; let the readers drain; then stop."""
         global _host
+        if _host is self:
+            _host = None
+            bridge.register_local(None)
         if self.engine is not None:
             await self.engine.shutdown()  # ends the subscriptions after their last events
         if self._readers:
@@ -102,8 +128,8 @@ class RouterHost:
             task.cancel()
         # The audit writer's task writes what is still waiting when cancelled: let it finish.
         await asyncio.gather(*pending, return_exceptions=True)
-        if _host is self:
-            _host = None
+        if self.heartbeat and hasattr(self, "_beat"):
+            await self._beat.clear()
 
     async def _feed_listeners(self, events: Subscription) -> None:
         async for event in events:
@@ -124,6 +150,20 @@ class RouterHost:
             except Exception:  # a slow or absent subscriber must never stop the router
                 log.debug("event %s not delivered", event.seq, exc_info=True)
 
+    def _database_back(self, seconds: float) -> None:
+        """The audit writer's thread saw the database return: audit the outage (thread-safe)."""
+        effect = "audit rows waited in the journal and were written when it returned"
+        data = {"service": "the database", "seconds": round(seconds, 3), "effect": effect}
+        if self.loop is not None and self.engine is not None:
+            self.loop.call_soon_threadsafe(self.engine.note, "service.outage", data)
+
+    def redis_back(self, seconds: float) -> None:
+        """Redis returned after ``seconds``: audit the outage (called on the loop)."""
+        effect = "the router kept its children; web processes answered 503 meanwhile"
+        if self.engine is not None:
+            self.engine.note("service.outage", {"service": "Redis", "seconds": seconds,
+                                                "effect": effect})  # fmt: skip
+
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -136,7 +176,62 @@ class RouterHost:
             raise RuntimeError("the router is not started")
         return self.engine
 
-    # ---- message handlers, one per type -------------------------------------------------
+    # ---- calls: the same for a web side in this process and one over the layer -------------
+
+    async def call(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """Answer one call (``load``, ``unload``, …); raise RouterError when the answer is no."""
+        handler = self._calls.get(kind)
+        if handler is None:
+            raise RouterError(400, "invalid_request_error", f"unknown router call {kind!r}")
+        return await handler(payload)
+
+    async def _load(self, message: dict[str, Any]) -> dict[str, Any]:
+        await self._engine.load(message["model"], actor=message.get("actor", ""))
+        return {"success": True}
+
+    async def _unload(self, message: dict[str, Any]) -> dict[str, Any]:
+        await self._engine.unload(message["model"], actor=message.get("actor", ""))
+        return {"success": True}
+
+    async def _cancel_queued(self, message: dict[str, Any]) -> dict[str, Any]:
+        ids = await self._engine.cancel_queued(
+            model=message.get("model"),
+            request_id=message.get("queued_request"),
+            actor=message.get("actor", ""),
+        )
+        return {"success": True, "cancelled": ids}
+
+    async def _reload(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self.before_reload is not None and message.get("sources"):
+            await self.before_reload()
+        _, presets = await sync_to_async(specs.load_specs)(self.overrides)
+        return await self._engine.reload(presets, actor=message.get("actor", ""))
+
+    async def _snapshot(self, message: dict[str, Any]) -> dict[str, Any]:
+        what = message.get("what", "snapshot")
+        if what == "memory":
+            return {"memory": self._engine.memory_history()}
+        if what == "metrics":
+            return {"metrics": self.metrics.families(self._engine.snapshot())}
+        if what == "logs":
+            return {"logs": self._engine.logs(message["model"])}
+        if what == "ready":  # GET /ready: cheap, no snapshot
+            return self._engine.status() | {"boot": self.boot}
+        return self._engine.snapshot() | {"boot": self.boot}
+
+    async def _settings(self, message: dict[str, Any]) -> dict[str, Any]:
+        config, _ = await sync_to_async(specs.load_specs)(self.overrides)
+        await self._engine.update_settings(config, actor=message.get("actor", ""))
+        return {"success": True}
+
+    async def _lease(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Why did the router end this lease (its child was killed as hung)? None: it did not."""
+        error = self._engine.why_ended(str(message.get("lease_id")))
+        if error is None:
+            return {"error": None}
+        return error.body() | {"retry_after": error.retry_after}
+
+    # ---- message handlers (channel layer), one per type -------------------------------------
 
     def router_acquire(self, message: dict[str, Any]) -> None:
         request_id = message["request_id"]
@@ -156,23 +251,21 @@ class RouterHost:
             done, _ = await asyncio.wait({wait}, timeout=QUEUED_AFTER)
             if not done:
                 position = self._queue_position(message["model"])
-                await self.layer.send(reply, bridge.queued(request_id, position))
+                await self.layer.send(reply, bridge.queued(request_id, position, self.boot))
             lease = await wait
         except RouterError as exc:
+            error = bridge.error_body(exc.status, exc.message, exc.error_type)
             answer: dict[str, Any] = dict(
-                bridge.rejected(
-                    request_id,
-                    exc.status,
-                    bridge.error_body(exc.status, exc.message, exc.error_type),
-                    exc.retry_after,
-                )
+                bridge.rejected(request_id, exc.status, error, exc.retry_after, self.boot)
             )
         except asyncio.CancelledError:
             wait.cancel()
             raise
         else:
             ttl = self._engine.config.lease_ttl  # not snapshot(): that builds every model's view
-            answer = dict(bridge.granted(request_id, lease.lease_id, lease.model, lease.port, ttl))
+            answer = dict(
+                bridge.granted(request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot)
+            )
         finally:
             self._acquires.pop(request_id, None)
         await self.layer.send(reply, answer)
@@ -185,7 +278,9 @@ class RouterHost:
         return 0
 
     def router_renew(self, message: dict[str, Any]) -> None:
-        self._engine.renew(message["lease_id"])
+        idle = message.get("idle")
+        idle = float(idle) if isinstance(idle, int | float) else None
+        self._engine.renew(message["lease_id"], idle=idle)
 
     def router_release(self, message: dict[str, Any]) -> None:
         self._engine.release(message["lease_id"])
@@ -196,84 +291,56 @@ class RouterHost:
             task.cancel()
         self._engine.cancel(message["request_id"])
 
-    def router_load(self, message: dict[str, Any]) -> None:
-        self._call(message, self._load)
+    def router_call(self, message: dict[str, Any]) -> None:
+        """``router.load``, ``router.unload``, … (every type that ``call`` knows)."""
+        kind = message["type"].removeprefix("router.")
 
-    async def _load(self, message: dict[str, Any]) -> dict[str, Any]:
-        await self._engine.load(message["model"], actor=message.get("actor", ""))
-        return {"success": True}
-
-    def router_unload(self, message: dict[str, Any]) -> None:
-        self._call(message, self._unload)
-
-    async def _unload(self, message: dict[str, Any]) -> dict[str, Any]:
-        await self._engine.unload(message["model"], actor=message.get("actor", ""))
-        return {"success": True}
-
-    def router_cancel_queued(self, message: dict[str, Any]) -> None:
-        self._call(message, self._cancel_queued)
-
-    async def _cancel_queued(self, message: dict[str, Any]) -> dict[str, Any]:
-        ids = await self._engine.cancel_queued(
-            model=message.get("model"),
-            request_id=message.get("queued_request"),
-            actor=message.get("actor", ""),
-        )
-        return {"success": True, "cancelled": ids}
-
-    def router_reload(self, message: dict[str, Any]) -> None:
-        self._call(message, self._reload)
-
-    async def _reload(self, message: dict[str, Any]) -> dict[str, Any]:
-        if self.before_reload is not None and message.get("sources"):
-            await self.before_reload()
-        _, presets = await sync_to_async(specs.load_specs)(self.overrides)
-        return await self._engine.reload(presets, actor=message.get("actor", ""))
-
-    def router_snapshot(self, message: dict[str, Any]) -> None:
-        self._call(message, self._snapshot)
-
-    async def _snapshot(self, message: dict[str, Any]) -> dict[str, Any]:
-        what = message.get("what", "snapshot")
-        if what == "memory":
-            return {"memory": self._engine.memory_history()}
-        if what == "metrics":
-            return {"metrics": self.metrics.families(self._engine.snapshot())}
-        if what == "logs":
-            return {"logs": self._engine.logs(message["model"])}
-        return self._engine.snapshot()
-
-    def router_settings(self, message: dict[str, Any]) -> None:
-        self._call(message, self._settings)
-
-    async def _settings(self, message: dict[str, Any]) -> dict[str, Any]:
-        config, _ = await sync_to_async(specs.load_specs)(self.overrides)
-        await self._engine.update_settings(config, actor=message.get("actor", ""))
-        return {"success": True}
-
-    def _call(
-        self,
-        message: dict[str, Any],
-        handler: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
-    ) -> None:
         async def answer() -> None:
             request_id, reply = message["request_id"], message["reply_channel"]
-            work = asyncio.ensure_future(handler(message))
+            work = asyncio.ensure_future(self.call(kind, message))
             done, _ = await asyncio.wait({work}, timeout=QUEUED_AFTER)
             if not done:
-                await self.layer.send(reply, bridge.accepted(request_id))
+                await self.layer.send(reply, bridge.accepted(request_id, self.boot))
             try:
-                body = await work
-                out = bridge.result(request_id, body)
+                out = bridge.result(request_id, await work, boot=self.boot)
             except RouterError as exc:
-                out = bridge.result(request_id, exc.body(), exc.status)
+                out = bridge.result(request_id, exc.body(), exc.status, self.boot)
             except Exception as exc:  # a bad preset on reload: 500 with the text (rule 2.25)
                 log.exception("router %s failed", message["type"])
                 error = bridge.error_body(500, str(exc), "server_error")
-                out = bridge.result(request_id, {"error": dict(error)}, 500)
+                out = bridge.result(request_id, {"error": dict(error)}, 500, self.boot)
             await self.layer.send(reply, out)
 
         self._spawn(answer())
+
+    def handler(self, message_type: str) -> Callable[[dict[str, Any]], None] | None:
+        """The handler of a message type, or None for a type this router does not know."""
+        if message_type in ("router.acquire", "router.renew", "router.release", "router.cancel"):
+            return getattr(self, message_type.replace(".", "_"))  # type: ignore[no-any-return]
+        if message_type.removeprefix("router.") in self._calls:
+            return self.router_call
+        return None
+
+    # ---- messages whose sender gave up ------------------------------------------------------
+
+    def drop_expired(self, message: dict[str, Any]) -> None:
+        """Drop a message that arrived after its deadline (its sender answered the client
+        already): counted, and published at most every EXPIRED_NOTE_EVERY seconds."""
+        self._expired[str(message.get("type"))] += 1
+        if self._expired_flush is None and self.loop is not None:
+            self._expired_flush = self.loop.call_later(EXPIRED_NOTE_EVERY, self._note_expired)
+            if sum(self._expired.values()) == 1:  # the first of a burst is told at once
+                self._note_expired(rearm=True)
+
+    def _note_expired(self, rearm: bool = False) -> None:
+        if not rearm:
+            self._expired_flush = None
+        if not self._expired or self.engine is None:
+            return
+        counts, self._expired = dict(self._expired), Counter()
+        total = sum(counts.values())
+        log.warning("dropped %d expired router messages: %s", total, counts)
+        self.engine.note("message.expired", {"counts": counts, "total": total})
 
 
 class RouterConsumer(AsyncConsumer):
@@ -281,7 +348,10 @@ class RouterConsumer(AsyncConsumer):
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         host = current_host()
-        handler = getattr(host, message["type"].replace(".", "_"), None) if host else None
+        if host is not None and bridge.expired(message):
+            host.drop_expired(message)  # its sender has answered its client: never run it
+            return
+        handler = host.handler(message["type"]) if host else None
         if handler is None:
             await self._refuse(message, host)
             return

@@ -88,16 +88,26 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # REDIS_URL switches on team mode plumbing: the Redis channel layer and the Celery broker.
 # Without it the channel layer is in-memory and Celery runs tasks inline (embedded mode).
 REDIS_URL = envstr("REDIS_URL")
+# Every Redis key of this installation starts with it (channels, the router's lock and
+# heartbeat): two installations, or a test run, can share one Redis server without meeting.
+ROUTERPANEL_REDIS_PREFIX = envstr("ROUTERPANEL_REDIS_PREFIX", "routerpanel")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels_redis's core layer whose receive() outlives Redis outages.
+            "BACKEND": "models_app.layers.ResilientRedisLayer",
             "CONFIG": {
                 # redis-py 8 times reads out after 5 s by default, exactly channels_redis's
                 # blocking-pop timeout: an idle router would die of "Timeout reading". Give the
-                # socket room above the 5 s pop.
-                "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+                # socket room above the 5 s pop; connecting fails fast while Redis is down.
+                "hosts": [
+                    {"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 2}
+                ],
+                "prefix": f"{ROUTERPANEL_REDIS_PREFIX}:asgi:",
                 "capacity": 1000,
+                # A burst of requests must not overflow the router's channel (ChannelFull is a
+                # 503 at the web side, never a 500); messages carry their own deadlines.
+                "channel_capacity": {"router": 100_000},
                 "expiry": 30,
             },
         }

@@ -12,6 +12,7 @@ Route table (method → handler; every route needs an API key when keys are requ
 path                           methods         handler
 =============================  ==============  ==========================================
 /health, /v1/health            GET             routes.health (public)
+/ready                         GET             routes.ready (public: 503 without a router)
 /props                         GET             routes.props (``?model=`` → GET proxy)
 /props                         POST            proxy.proxy_post
 /models, /v1/models            GET             routes.list_models (``?reload=``)
@@ -53,6 +54,7 @@ Handler = Callable[["Api", Request], Awaitable[None]]
 AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 API_PREFIXES = ("/v1/", "/models/", "/slots/")
+READY_TIMEOUT = 2.0
 PREFLIGHT_HEADERS = (
     (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
     (b"access-control-allow-headers", b"*"),
@@ -76,6 +78,7 @@ def route_table() -> dict[str, dict[str, Route]]:
     add(proxy.POST_PATHS, ("POST",), Route(proxy.proxy_post))
     add(proxy.GET_PATHS, ("GET",), Route(proxy.proxy_get))
     add(("/health", "/v1/health"), ("GET",), Route(routes.health, public=True))
+    add(("/ready",), ("GET",), Route(routes.ready, public=True))
     add(("/props",), ("GET",), Route(routes.props))
     add(("/models", "/v1/models"), ("GET",), Route(routes.list_models))
     add(("/models",), ("POST", "DELETE"), Route(routes.downloads_unsupported))
@@ -105,6 +108,8 @@ class Api:
     ) -> None:
         self.django = django_app
         self.router = router or RouterClient()
+        # /ready must answer before a load balancer gives up: a short first-answer deadline.
+        self.ready_client = self.router.with_timeout(READY_TIMEOUT)
         self.keys = keys or auth.DEFAULT
         self.login_failures = login_failures  # None: 401s are not audited (tests)
         self.config = config or ApiConfig()

@@ -1,8 +1,11 @@
-"""Hold a router lease while a response streams: renew it every ttl/3, release it at the end.
+"""Hold a router lease while a response streams: report progress, renew, release at the end.
 
-The router expires a lease that is not renewed (DESIGN §5), so a web process that dies cannot
-pin a model forever. Renewal is a timer, not a task per request: a response shorter than ttl/3
-costs nothing beyond the release.
+An in-process lease (embedded mode) never expires and needs no renewal; each chunk that goes out
+is reported straight to the engine's hang watchdog (``RouterClient.progress``). A lease from a
+router in another process (team mode) expires if not renewed (DESIGN §5), so a web process that
+dies cannot pin a model forever: a timer renews it every ttl/3 and each renewal says how long
+ago the last byte went out, which is all the watchdog there needs. Renewal is a timer, not a
+task per request: a response shorter than ttl/3 costs nothing beyond the release.
 """
 
 from __future__ import annotations
@@ -15,28 +18,43 @@ MIN_INTERVAL = 0.05
 
 
 class LeaseKeeper:
-    """Renew ``grant``'s lease until ``release()``; one per proxied request."""
+    """Keep ``grant``'s lease until ``release()``; one per proxied request."""
 
     def __init__(self, router: RouterClient, grant: Grant) -> None:
         self._router = router
+        self.grant = grant
         self.lease_id = grant.lease_id
-        self.interval = max(grant.lease_ttl / 3, MIN_INTERVAL)
         self._loop = asyncio.get_running_loop()
         self._renewing: set[asyncio.Task[None]] = set()
-        self._timer: asyncio.TimerHandle | None = self._loop.call_later(self.interval, self._renew)
+        self.last_byte = self._loop.time()
         self.renewals = 0
+        self.interval = max(grant.lease_ttl / 3, MIN_INTERVAL)
+        self._timer: asyncio.TimerHandle | None = None
+        self._open = True
+        if not grant.local:
+            self._timer = self._loop.call_later(self.interval, self._renew)
+
+    def progress(self) -> None:
+        """A byte of the answer went out: the child is not hung (called per chunk)."""
+        if self.grant.local:
+            self._router.progress(self.grant)
+        else:
+            self.last_byte = self._loop.time()
 
     def _renew(self) -> None:
         self.renewals += 1
-        task = asyncio.ensure_future(self._router.renew(self.lease_id))
+        idle = self._loop.time() - self.last_byte
+        task = asyncio.ensure_future(self._router.renew(self.lease_id, idle))
         self._renewing.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._renewing.discard)
         self._timer = self._loop.call_later(self.interval, self._renew)
 
     async def release(self) -> None:
         """Stop renewing and give the lease back (the model may now be evicted)."""
-        if self._timer is None:
+        if not self._open:
             return
-        self._timer.cancel()
-        self._timer = None
-        await self._router.release(self.lease_id)
+        self._open = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        await self._router.release(self.grant)

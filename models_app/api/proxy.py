@@ -7,6 +7,11 @@ lease when the response ends, fails or the client leaves. A client that leaves w
 cancels the ``acquire``, which takes its place out of the queue (A7); one that leaves while
 streaming closes the child connection, which makes llama-server stop generating (§8.15).
 
+Every chunk that goes out is progress for the router's hang watchdog (``LeaseKeeper.progress``).
+When the child's answer breaks off, the router is asked why: if it killed the child as hung,
+the client gets that reason — a 503 before the answer started, an SSE ``error`` event before the
+end of a stream that had started — instead of a bare cut.
+
 Deviation from llama.cpp, on purpose: a child that cannot be reached answers 500 with the same
 ``proxy error: <text>`` message, but in the JSON error shape instead of plain text labelled as
 JSON (§8.14, a §15.13 gap). The query string is forwarded as received rather than re-encoded in
@@ -24,9 +29,10 @@ from typing import TYPE_CHECKING
 import httpx
 
 from models_app import runtime
-from models_app.api.errors import ApiError
+from models_app.api.errors import ApiError, dumps
 from models_app.api.lease import LeaseKeeper
 from models_app.api.request import Request
+from models_app.bridge import Grant
 
 if TYPE_CHECKING:
     from models_app.api.app import Api
@@ -141,31 +147,36 @@ async def forward(api: Api, request: Request, model: str, body: bytes) -> None:
         )
         lease = LeaseKeeper(api.router, grant)
         try:
-            await relay(api, request, grant.model, grant.port, body)
+            await relay(api, request, grant, lease, body)
         finally:
             await lease.release()
     finally:
         api.release_request_id(router_id)
 
 
-async def relay(api: Api, request: Request, model: str, port: int, body: bytes) -> None:
-    pool = api.upstreams.checkout(model, port)
+async def relay(api: Api, request: Request, grant: Grant, lease: LeaseKeeper, body: bytes) -> None:
+    pool = api.upstreams.checkout(grant.model, grant.port)
     try:
         try:
             response = await pool.send(
                 request.method, upstream_target(request), upstream_headers(request), body
             )
         except httpx.HTTPError as exc:
+            if (why := await api.router.why_ended(grant)) is not None:
+                raise why from None  # the router killed the child as hung: say so
             raise ApiError(500, f"proxy error: {describe(exc)}") from None
+        lease.progress()
         try:
-            await stream_back(request, response, port)
+            await stream_back(api, request, response, grant, lease)
         finally:
             await response.aclose()  # unread: the connection closes and the child stops
     finally:
         api.upstreams.checkin(pool)
 
 
-async def stream_back(request: Request, response: httpx.Response, port: int) -> None:
+async def stream_back(
+    api: Api, request: Request, response: httpx.Response, grant: Grant, lease: LeaseKeeper
+) -> None:
     """Relay the child's status, headers and body chunks as they arrive (§8.13).
 
     When the child gave a ``Content-Length``, the chunk that completes the body goes out with
@@ -181,13 +192,21 @@ async def stream_back(request: Request, response: httpx.Response, port: int) -> 
     try:
         async for chunk in response.aiter_raw():
             received += len(chunk)
+            lease.progress()
             if received == expected:
                 last = chunk
             else:
                 await request.write(chunk)
     except httpx.HTTPError as exc:  # the child died mid-response: the stream just ends (§3.6)
-        log.warning("child on port %s broke off a response: %s", port, describe(exc))
+        log.warning("child on port %s broke off a response: %s", grant.port, describe(exc))
+        why = await api.router.why_ended(grant)
+        if why is not None and is_event_stream(response):
+            last = b"data: " + dumps(why.body) + b"\n\n"  # SSE clients read the error
     await request.end(last)
+
+
+def is_event_stream(response: httpx.Response) -> bool:
+    return response.headers.get("content-type", "").startswith("text/event-stream")
 
 
 def content_length(response: httpx.Response) -> int | None:

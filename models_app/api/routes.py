@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 from models_app import metrics as router_metrics
 from models_app import runtime
 from models_app.api import listing, proxy
-from models_app.api.errors import FEATURE_DISABLED, ApiError
+from models_app.api.errors import FEATURE_DISABLED, ApiError, dumps
 from models_app.api.request import Request
+from models_app.bridge import RouterRejected
 
 if TYPE_CHECKING:
     from models_app.api.app import Api
@@ -27,6 +28,21 @@ HEALTH = b'{"status":"ok"}'
 async def health(api: Api, request: Request) -> None:
     """§9.6: 200 as soon as we listen; says nothing about the children (public)."""
     await request.respond(200, HEALTH)
+
+
+async def ready(api: Api, request: Request) -> None:
+    """RouterPanel's own ``GET /ready``: 200 when a router answers now, 503 when none does.
+
+    ``/health`` stays llama.cpp's (200 as soon as we listen, §9.6) for compatibility; this is
+    the route health checks and load balancers should use (public, like /health).
+    """
+    try:
+        body = await api.ready_client.call("snapshot", what="ready")
+    except RouterRejected as exc:
+        answer = {"status": "unavailable", "error": exc.error.get("message")}
+        await request.respond(503, dumps(answer), headers=((b"retry-after", b"5"),))
+        return
+    await request.respond_json({"status": "ok", "router": body})
 
 
 async def props(api: Api, request: Request) -> None:

@@ -244,6 +244,13 @@ class Engine:
             self._feed.seq, views, queue, self._spec, holders, self._config, self._wall
         )
 
+    def status(self) -> dict[str, Any]:
+        """A cheap summary: how many models, how many run, how many requests wait."""
+        views = self._scheduler.models()
+        running = sum(1 for view in views if view.state in RUNNING)
+        waiting = sum(entry.waiters for entry in self._scheduler.queue())
+        return {"models": len(views), "running": running, "queued": waiting}
+
     def memory_history(self) -> list[dict[str, Any]]:
         """Return the one-hour ring of memory samples, oldest first (S9)."""
         return [feed.sample_data(s) for s in self._facts.memory]
@@ -256,6 +263,11 @@ class Engine:
     def resolve(self, name_or_alias: str) -> str | None:
         """Return the preset name for a name or alias, or None."""
         return name_or_alias if name_or_alias in self._specs else self._aliases.get(name_or_alias)
+
+    def add_tap(self, tap: Callable[[EngineEvent], None]) -> None:
+        """Call ``tap`` synchronously with every event, before its decision takes effect (the
+        audit journal). Add taps before ``start()`` to see ``router.started``."""
+        self._feed.taps.append(tap)
 
     def subscribe(self, maxsize: int = 1000) -> Subscription:
         """Return a bounded event stream; a slow reader sees a seq gap, never blocks the engine.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -39,6 +40,8 @@ from routerpanel.router.events import (
 )
 from routerpanel.router.memory import MemorySample, SystemMemory
 from routerpanel.router.supervisor import ChildExited, ChildReady, ChildStarted, LogLine
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -191,15 +194,26 @@ class Subscription:
 
 
 class Feed:
-    """Own the seq counter and the subscribers; used only from the engine's loop."""
+    """Own the seq counter, the taps and the subscribers; used only from the engine's loop.
+
+    A *tap* is called synchronously with every event as it is published, before the decision
+    that follows it is carried out (the audit journal: a row on disk before its effect). It
+    must be quick and must not raise; an exception is logged and the engine goes on.
+    """
 
     def __init__(self) -> None:
         self.seq = 0
         self._subscribers: set[Subscription] = set()
+        self.taps: list[Callable[[EngineEvent], None]] = []
 
     def publish(self, type_: str, data: dict[str, Any]) -> EngineEvent:
         self.seq += 1
         event = EngineEvent(self.seq, type_, time.time(), data)
+        for tap in self.taps:
+            try:
+                tap(event)
+            except Exception:
+                log.exception("an event tap failed on event %d (%s)", event.seq, type_)
         for sub in list(self._subscribers):
             sub.push(event)
         return event

@@ -108,6 +108,7 @@ class FakeRouter:
         self.models_max = 4
         self.received: list[dict[str, Any]] = []
         self.leases: dict[str, str] = {}  # lease id -> model
+        self.ended: dict[str, Any] = {}  # lease id -> the error the router ended it with
         self.queued: dict[str, list[str]] = {}  # model or request id -> cancelled ids
         self.lease_ttl = LEASE_TTL
         self.reload_result: dict[str, Any] | Reject = {
@@ -276,6 +277,11 @@ class FakeRouter:
             await self._error(message, outcome.status, outcome.message, outcome.error_type)
         else:
             await self._reply(message, bridge.result(message["request_id"], outcome))
+
+    async def router_lease(self, message: dict[str, Any]) -> None:
+        error = self.ended.get(message.get("lease_id", ""))
+        body = {"error": None} if error is None else {"error": error, "retry_after": 1}
+        await self._reply(message, bridge.result(message["request_id"], body))
 
     async def router_settings(self, message: dict[str, Any]) -> None:
         await self._reply(message, bridge.result(message["request_id"], {}))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 
 from tests.app.test_tasks import MemoryRouter, ring
 from tests.llama.ggufgen import write_tiny_llama
@@ -112,7 +113,10 @@ async def router(redis_url: str) -> AsyncIterator[MemoryRouter]:
     from channels_redis.core import RedisChannelLayer
 
     # As in settings: a socket timeout above channels_redis's 5 s blocking pop (redis-py 8).
-    layer = RedisChannelLayer(hosts=[{"address": redis_url, "socket_timeout": 30}])
+    layer = RedisChannelLayer(
+        hosts=[{"address": redis_url, "socket_timeout": 30}],
+        prefix=f"{settings.ROUTERPANEL_REDIS_PREFIX}:asgi:",  # the worker's, from settings
+    )
     fake = await MemoryRouter(layer).start()
     fake.add("qwen")
     fake.history = ring(time.time() - 180, 180, used=4 << 30, rss=1 << 30)

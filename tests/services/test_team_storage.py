@@ -90,4 +90,4 @@ def test_redis_url_switches_settings_to_team_mode(tmp_path: Path) -> None:
         timeout=60,
         check=True,
     ).stdout.split()
-    assert out == ["channels_redis.core.RedisChannelLayer", "False", REDIS_URL]
+    assert out == ["models_app.layers.ResilientRedisLayer", "False", REDIS_URL]

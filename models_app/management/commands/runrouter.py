@@ -1,85 +1,27 @@
 """``manage.py runrouter``: the router alone, for team mode (DESIGN §2).
 
 It hosts the engine and the Channels worker for channel ``router`` on the Redis layer, while
-``serve --no-router`` processes answer HTTP. Exactly one router may run per host: a lock file
-in the system's temporary directory, plus a Redis key per host when Redis is configured,
-refuses a second one with a clear message. SIGTERM/SIGINT only set a flag (STYLE 16); the main
-coroutine then stops every child within its stop-timeout.
+``serve --no-router`` processes answer HTTP. One router per data dir and per installation:
+``locks.RouterLock`` refuses a second one with a message naming the first, and takes over at
+once from one that was killed (``kill -9``). It outlives Redis: the listener, the heartbeat and
+the lock refresh retry until Redis is back, and the children keep running meanwhile. SIGTERM and
+SIGINT only set a flag (STYLE 16); the main coroutine then stops every child within its
+stop-timeout. It exits non-zero when it cannot go on (another router took the installation).
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import signal
-import socket
-import tempfile
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from models_app import bootstrap, runtime, sources, specs
-from models_app.management.commands.serve import reimport_sources
-
-LOCK_TTL = 15  # seconds a Redis host lock lives without being refreshed
-
-
-class RouterLock:
-    """Refuse a second router on this host: an flock'ed file, and a Redis key in team mode."""
-
-    def __init__(self, redis_url: str, host: str | None = None) -> None:
-        self.host = host or socket.gethostname()
-        self.path = Path(tempfile.gettempdir()) / f"routerpanel-router-{os.getuid()}.lock"
-        self.redis_url = redis_url
-        self.key = f"routerpanel:router-lock:{self.host}"
-        self._file: TextIO | None = None
-
-    def acquire(self) -> None:
-        handle = self.path.open("a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            owner = handle.read().strip() or "unknown"
-            handle.close()
-            raise CommandError(
-                f"another router is already running on this host ({owner}); "
-                "stop it first — one router per host"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
-        self._file = handle
-        if self.redis_url and not self._redis().set(self.key, os.getpid(), nx=True, ex=LOCK_TTL):
-            owner = self._redis().get(self.key)
-            self.release()
-            raise CommandError(
-                f"another router is already running for host {self.host} "
-                f"(pid {owner.decode() if owner else '?'}, via Redis); one router per host"
-            )
-
-    def refresh(self) -> None:
-        if self.redis_url:
-            self._redis().set(self.key, os.getpid(), ex=LOCK_TTL)
-
-    def release(self) -> None:
-        if self.redis_url:
-            client = self._redis()
-            if client.get(self.key) == str(os.getpid()).encode():
-                client.delete(self.key)
-        if self._file is not None:
-            fcntl.flock(self._file, fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
-
-    def _redis(self) -> Any:
-        import redis
-
-        return redis.Redis.from_url(self.redis_url, socket_timeout=5)
+from models_app import bootstrap, runtime, sources
+from models_app.locks import LockHeld
+from models_app.routerproc import RouterProcess
 
 
 class Command(BaseCommand):
@@ -100,15 +42,28 @@ class Command(BaseCommand):
                 "warning: REDIS_URL is not set, so no web process can reach this router; "
                 "use `serve` for a single-process setup"
             )
-        lock = RouterLock(settings.REDIS_URL)
-        lock.acquire()
+        self.failure: str | None = None
+        router = RouterProcess(options, on_failure=self._failed)
         try:
-            runtime.OPTIONS.models_preset = options["models_preset"]
-            runtime.OPTIONS.models_dir = options["models_dir"]
+            router.acquire_lock()
+        except LockHeld as exc:
+            raise CommandError(str(exc)) from None
+        if router.lock.took_over is not None:
+            self.stdout.write(f"replaced a dead router ({router.lock.took_over.describe()})")
+        runtime.OPTIONS.models_preset = options["models_preset"]
+        runtime.OPTIONS.models_dir = options["models_dir"]
+        try:
             self._import_sources(options)
-            asyncio.run(self._main(options, lock))
-        finally:
-            lock.release()
+        except BaseException:
+            router.lock.release()
+            raise
+        asyncio.run(self._main(router))
+        if self.failure is not None:
+            raise CommandError(self.failure)
+
+    def _failed(self, reason: str) -> None:
+        self.failure = reason
+        self._stop.set()
 
     def _import_sources(self, options: dict[str, Any]) -> None:
         if options["models_preset"]:
@@ -121,42 +76,25 @@ class Command(BaseCommand):
         if options["demo"]:
             sources.ensure_demo_presets()
 
-    async def _main(self, options: dict[str, Any], lock: RouterLock) -> None:
-        from channels.layers import get_channel_layer
-
-        from models_app.worker import RouterHost, run_worker
-
-        stop = asyncio.Event()
+    async def _main(self, router: RouterProcess) -> None:
+        self._stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        overrides = specs.Overrides(
-            models_max=options["models_max"],
-            server_bin=options["server_bin"],
-            lease_ttl=options["lease_ttl"],
-        )
-        host = RouterHost(
-            get_channel_layer(),
-            overrides=overrides,
-            state_file=settings.DATA_DIR / "children.json",
-            before_reload=reimport_sources,
-        )
+            loop.add_signal_handler(signum, self._stop.set)
         try:
-            await host.start()
+            await router.start()
         except Exception as exc:
+            router.lock.release()
             raise CommandError(f"failed to start the router: {exc}") from None
-        worker = asyncio.ensure_future(run_worker(host.layer))
-        self.stdout.write(f"router running (pid {os.getpid()}, host {lock.host})")
+        self.stdout.write(f"router running (pid {os.getpid()}, boot {router.boot})")
         self.stdout.flush()
+        failed = asyncio.ensure_future(router.wait())
+        stopping = asyncio.ensure_future(self._stop.wait())
         try:
-            while not stop.is_set() and not worker.done():
-                try:
-                    await asyncio.wait_for(stop.wait(), LOCK_TTL / 3)
-                except TimeoutError:
-                    await asyncio.to_thread(lock.refresh)
+            await asyncio.wait({failed, stopping}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            failed.cancel()
+            stopping.cancel()
             self.stdout.write("router stopping: stopping every child")
-            worker.cancel()
-            await host.stop()
-        if worker.done() and not worker.cancelled() and worker.exception():
-            raise CommandError(f"router worker failed: {worker.exception()}")
+            self.stdout.flush()
+            await router.stop()

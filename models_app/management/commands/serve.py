@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shutil
 import sys
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from models_app import bootstrap, runtime, sources, specs
+from models_app import bootstrap, runtime, sources
+from models_app.locks import LockHeld
 from models_app.models import Preset, RouterSettings
+from models_app.routerproc import RouterProcess, raise_open_files_limit
 
 
 class Command(BaseCommand):
@@ -128,12 +130,15 @@ class Command(BaseCommand):
         from routerpanel.asgi import application
 
         host_url = f"http://{options['host']}:{options['port']}/"
+        router: EmbeddedRouter | None = None
         if not options["no_router"]:
             router = EmbeddedRouter(self, options)
             reactor.callWhenRunning(router.start)  # type: ignore[attr-defined]
             reactor.addSystemEventTrigger(  # type: ignore[attr-defined]
                 "before", "shutdown", lambda: defer.Deferred.fromFuture(router.stop())
             )
+        else:
+            raise_open_files_limit()
         self.stdout.write(
             f"RouterPanel on {host_url} (the panel; Django admin at {host_url}admin/)"
         )
@@ -145,74 +150,42 @@ class Command(BaseCommand):
             signal_handlers=True,
             verbosity=0,
         ).run()
-        if not options["no_router"] and router.failed:
+        if router is not None and router.failed:
             sys.exit(1)
 
 
 class EmbeddedRouter:
-    """Start the router worker inside Daphne's event loop and stop it before the loop ends."""
+    """Start the router inside Daphne's event loop and stop it before the loop ends."""
 
     def __init__(self, command: Command, options: dict[str, Any]) -> None:
-        from channels.layers import get_channel_layer
-
-        from models_app.worker import RouterHost
-
         self.command = command
         self.failed = False
-        overrides = specs.Overrides(
-            models_max=options["models_max"],
-            server_bin=options["server_bin"],
-            lease_ttl=options["lease_ttl"],
-        )
-        self.host = RouterHost(
-            get_channel_layer(),
-            overrides=overrides,
-            state_file=settings.DATA_DIR / "children.json",
-            before_reload=reimport_sources,
-        )
-        self._worker_task: asyncio.Future[Any] | None = None
+        self.process = RouterProcess(options, on_failure=self._fail)
+        try:
+            self.process.acquire_lock()  # before Daphne listens: a twin is refused at once
+        except LockHeld as exc:
+            raise CommandError(str(exc)) from None
         self._start_task: asyncio.Future[None] | None = None
-        self._beat_task: asyncio.Future[None] | None = None
 
     def start(self) -> None:
         self._start_task = asyncio.ensure_future(self._start())
 
     async def _start(self) -> None:
-        from models_app.worker import run_worker
-
-        try:
-            await self.host.start()
-        except Exception as exc:
-            self.failed = True
-            self.command.stderr.write(f"failed to start the router: {exc}")
-            from twisted.internet import reactor
-
-            reactor.stop()  # type: ignore[attr-defined]
-            return
-        self._worker_task = asyncio.ensure_future(run_worker(self.host.layer))
         # No celery beat runs in embedded mode: run the periodic jobs in this loop instead.
         from models_app.embedded_beat import EmbeddedBeat
 
-        self._beat_task = asyncio.ensure_future(EmbeddedBeat().run())
+        try:
+            await self.process.start(EmbeddedBeat().run())
+        except Exception as exc:
+            self._fail(f"failed to start the router: {exc}")
+
+    def _fail(self, reason: str) -> None:
+        self.failed = True
+        self.command.stderr.write(reason)
+        from twisted.internet import error, reactor
+
+        with contextlib.suppress(error.ReactorNotRunning):
+            reactor.stop()  # type: ignore[attr-defined]
 
     def stop(self) -> asyncio.Future[Any]:
-        async def stop() -> None:
-            for task in (self._worker_task, self._beat_task):
-                if task is not None:
-                    task.cancel()
-            await self.host.stop()
-
-        return asyncio.ensure_future(stop())
-
-
-async def reimport_sources() -> None:
-    """Re-read ``--models-preset``/``--models-dir`` before a reload (GET /models?reload=1)."""
-    from asgiref.sync import sync_to_async
-
-    def reimport() -> None:
-        if runtime.OPTIONS.models_preset:
-            sources.reimport_preset_file(runtime.OPTIONS.models_preset)
-        if runtime.OPTIONS.models_dir:
-            sources.import_models_dir(runtime.OPTIONS.models_dir)
-
-    await sync_to_async(reimport)()
+        return asyncio.ensure_future(self.process.stop())

@@ -1,7 +1,7 @@
-"""The audit writer's spool: when the database refuses rows they wait in a JSON-lines file, and
-are written first, in order, each exactly once, when it answers again — also by the next router
-after a crash. The "database" here is the test database behind a switch (PostgreSQL for real is
-tests/services/test_audit_outage.py).
+"""The audit journal: every row is on disk the moment it is made; the writer stores rows from
+it, in order, each exactly once — after a database outage, and by the next router after a
+crash or kill -9. The "database" here is the test database behind a switch (PostgreSQL for real
+is tests/services/test_audit_outage.py; kill -9 of a real serve is tests/chaos).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from models_app.audit_writer import AuditWriter, DatabaseUnavailable, Spool, store_rows
+from models_app.audit_journal import DIR_NAME
+from models_app.audit_writer import AuditWriter, DatabaseUnavailable, store_rows
 from models_app.models import AuditEvent, AuditKind
 from routerpanel.router.engine import EngineEvent
 
@@ -52,6 +53,18 @@ def stored(router_id: str) -> list[int]:
     return list(rows.values_list("seq", flat=True))
 
 
+def journaled(writer: AuditWriter, *, pending: bool = False) -> list[int]:
+    """The seqs of the rows in the writer's journal files (finished, or pending ones)."""
+    key = "p" if pending else "r"
+    seqs = []
+    for path in sorted(writer.journal.directory.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if key in record:
+                seqs.append(record[key]["seq"])
+    return seqs
+
+
 def wait_for(predicate: Any, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -67,7 +80,7 @@ def switch() -> Switch:
 @pytest.fixture
 def writer(tmp_path: Path, switch: Switch) -> Any:
     w = AuditWriter(
-        tmp_path / "audit-spool.jsonl",
+        tmp_path / DIR_NAME,
         router_id="r1",
         store=switch,
         interval=0.01,
@@ -86,16 +99,17 @@ def test_rows_written_while_the_database_is_down_are_stored_in_order_once_it_is_
         writer(lease_event(seq))
     assert writer.flush(10)
     switch.down = True
+    calls = switch.calls
     for seq in range(6, 16):
         writer(lease_event(seq))
-    wait_for(lambda: writer.spooled >= 10)
-    assert writer.spool.path.exists() and stored("r1") == [1, 2, 3, 4, 5]
+    wait_for(lambda: switch.calls > calls and writer.outages == 1)
+    assert journaled(writer) == list(range(1, 16)) and stored("r1") == [1, 2, 3, 4, 5]
     switch.down = False
     for seq in range(16, 21):
         writer(lease_event(seq))
     assert writer.flush(10)
     assert stored("r1") == list(range(1, 21))
-    assert not writer.spool.path.exists() and writer.outages == 1
+    assert writer.outages == 1
     assert (writer.produced, writer.stored) == (20, 20)
 
 
@@ -105,7 +119,7 @@ def test_a_drain_cut_short_resumes_without_writing_a_row_twice(
     switch.down = True
     for seq in range(1, 11):
         writer(lease_event(seq))
-    wait_for(lambda: writer.spooled >= 10)
+    wait_for(lambda: writer.outages == 1)
     switch.fail_after = 2  # the next drain stores two chunks of 3, then the database goes
     wait_for(lambda: switch.fail_after == 0 and writer.stored == 6)
     assert stored("r1") == [1, 2, 3, 4, 5, 6]
@@ -115,39 +129,75 @@ def test_a_drain_cut_short_resumes_without_writing_a_row_twice(
     assert stored("r1") == list(range(1, 11)) and writer.stored == 10
 
 
-def test_rows_spooled_at_close_are_written_by_the_next_router(
+def test_rows_journaled_at_close_are_written_by_the_next_router(
     tmp_path: Path, switch: Switch
 ) -> None:
-    spool = tmp_path / "audit-spool.jsonl"
-    first = AuditWriter(spool, router_id="boot-1", store=switch, interval=0.01).start()
+    journal = tmp_path / DIR_NAME
+    first = AuditWriter(journal, router_id="boot-1", store=switch, interval=0.01).start()
     switch.down = True
     for seq in range(1, 4):
         first(lease_event(seq))
     first.close(5.0)
-    assert [row["seq"] for row in Spool(spool).read()] == [1, 2, 3]
+    assert journaled(first) == [1, 2, 3]
     assert stored("boot-1") == []
 
     switch.down = False
-    second = AuditWriter(spool, router_id="boot-2", store=switch, interval=0.01).start()
+    second = AuditWriter(journal, router_id="boot-2", store=switch, interval=0.01).start()
     second(lease_event(1))
     assert second.flush(10)
     second.close(5.0)
     assert stored("boot-1") == [1, 2, 3] and stored("boot-2") == [1]
-    assert not spool.exists()
+    assert [p.name for p in journal.iterdir() if "boot-1" in p.name] == []
     ids = list(AuditEvent.objects.order_by("id").values_list("router_id", flat=True))
-    assert ids == ["boot-1", "boot-1", "boot-1", "boot-2"]  # the spool first
+    assert ids == ["boot-1", "boot-1", "boot-1", "boot-2"]  # the dead boot's journal first
 
 
-def test_a_spool_holding_rows_already_stored_adds_nothing_twice(tmp_path: Path) -> None:
+def test_a_legacy_spool_holding_rows_already_stored_adds_nothing_twice(tmp_path: Path) -> None:
     """A crash between the database's commit and the spool's deletion leaves such a spool."""
     spool = tmp_path / "audit-spool.jsonl"
     row = {"seq": 7, "time": time.time(), "kind": AuditKind.CRASH, "model": "m", "details": {}}
     row["router_id"] = "boot-1"
     store_rows([row])
     spool.write_text(json.dumps(row) + "\n" + '{"seq": 8, "cut sho')  # and a torn last line
-    writer = AuditWriter(spool, router_id="boot-2", interval=0.01).start()
+    writer = AuditWriter(tmp_path / DIR_NAME, router_id="boot-2", interval=0.01,
+                         legacy_spool=spool).start()  # fmt: skip
     writer.close(5.0)
     assert stored("boot-1") == [7] and not spool.exists()
+
+
+def test_a_stop_row_still_waiting_when_its_router_dies_is_stored_incomplete(
+    tmp_path: Path, switch: Switch
+) -> None:
+    journal = tmp_path / DIR_NAME
+    first = AuditWriter(journal, router_id="boot-1", store=switch, interval=0.01)
+    state = {"model": "m", "from": "loaded", "to": "loaded", "stopping": True, "action": "stop",
+             "stop_reason": "unload", "stop_timeout": 10, "trigger": {"actor": "user:bob"},
+             "reason": "unload by user:bob"}  # fmt: skip
+    first(EngineEvent(5, "model.state", time.time(), state))
+    assert journaled(first, pending=True) == [5]  # on disk before the stop is carried out
+    first.journal.close()  # kill -9: no close(), no thread ever ran
+    second = AuditWriter(journal, router_id="boot-2", store=switch, interval=0.01).start()
+    second.close(5.0)
+    row = AuditEvent.objects.get(router_id="boot-1", seq=5)
+    assert (row.kind, row.actor, row.model) == ("unload", "user:bob", "m")
+    assert row.details["incomplete"] == ["exit", "router stopped"]
+
+
+def test_segments_rotate_and_each_row_is_stored_once(tmp_path: Path, switch: Switch) -> None:
+    journal = tmp_path / DIR_NAME
+    writer = AuditWriter(journal, router_id="r9", store=switch, interval=0.01, segment_bytes=600,
+                         batch_size=4).start()  # fmt: skip
+    for seq in range(1, 41):
+        writer(lease_event(seq))
+        if seq == 20:
+            switch.down = True
+    wait_for(lambda: writer.outages == 1)
+    assert len(list(journal.iterdir())) > 5
+    switch.down = False
+    assert writer.flush(10)
+    assert stored("r9") == list(range(1, 41))
+    writer.close(5.0)
+    assert [p.name for p in journal.iterdir()] == [writer.journal.current.name]
 
 
 def test_a_row_with_overlong_text_is_clipped_to_its_column(writer: AuditWriter) -> None:

@@ -1,0 +1,220 @@
+"""Know whether the router lives: its heartbeat in Redis, written by it and read by web processes.
+
+Team mode only (DESIGN §10, "deadlines everywhere"). The router writes one key every
+``BEAT_EVERY`` seconds — its boot id, pid, host and the time — with a ``BEAT_TTL`` expiry, so the
+key vanishes on its own when the router dies without a word (kill -9, a lost host). Each web
+process reads the key once a second (``RouterWatch``) and knows within ``DEAD_AFTER`` seconds
+that the router is gone or was replaced by a new boot: requests waiting for an answer from the
+old one are answered 503 at once instead of waiting forever, and new requests fail fast.
+
+Embedded mode has no heartbeat: the router lives in the same process (``RouterWatch`` is not
+used there). Without Redis the watch reports ``unknown`` and the bridge falls back to its
+per-message deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+BEAT_EVERY = 1.0  # seconds between two heartbeats
+BEAT_TTL = 10.0  # the key expires this long after the last beat
+DEAD_AFTER = 6.0  # a web process calls the router dead after this long without a fresh beat
+POLL_EVERY = 1.0
+
+
+def heartbeat_key() -> str:
+    return f"{settings.ROUTERPANEL_REDIS_PREFIX}:router:heartbeat"
+
+
+def redis_client(url: str | None = None, timeout: float = 2.0) -> Any:
+    """An asyncio Redis client with short timeouts: a dead Redis must not stall a beat."""
+    import redis.asyncio as aioredis
+
+    return aioredis.Redis.from_url(
+        url or settings.REDIS_URL, socket_timeout=timeout, socket_connect_timeout=timeout
+    )
+
+
+@dataclass(frozen=True)
+class Beat:
+    boot: str
+    pid: int
+    host: str
+    time: float  # wall clock of the beat
+    started: float
+
+    @classmethod
+    def parse(cls, raw: bytes | str | None) -> Beat | None:
+        try:
+            data = json.loads(raw) if raw else None
+            return cls(**data) if isinstance(data, dict) else None
+        except (TypeError, ValueError):
+            return None
+
+
+class Heartbeat:
+    """The router's side: write a beat every second until stopped; survive Redis outages."""
+
+    def __init__(
+        self,
+        boot: str,
+        *,
+        every: float = BEAT_EVERY,
+        ttl: float = BEAT_TTL,
+        on_back: Callable[[float], None] | None = None,
+    ) -> None:
+        self.boot = boot
+        self.on_back = on_back  # called with the outage's length when Redis returns
+        self.every, self.ttl = every, ttl
+        self.started = time.time()
+        self.failures = 0  # consecutive failed writes (Redis away)
+        self.outage_since: float | None = None
+
+    def value(self) -> str:
+        beat = Beat(self.boot, os.getpid(), socket.gethostname(), time.time(), self.started)
+        return json.dumps(beat.__dict__)
+
+    async def run(self) -> None:
+        client = redis_client(timeout=min(2.0, self.every * 2))
+        try:
+            while True:
+                await self.beat(client)
+                await asyncio.sleep(self.every)
+        finally:
+            await client.aclose()
+
+    async def beat(self, client: Any) -> bool:
+        try:
+            await client.set(heartbeat_key(), self.value(), px=int(self.ttl * 1000))
+        except Exception as exc:  # Redis away: keep serving, keep trying
+            if self.failures == 0:
+                self.outage_since = time.monotonic()
+                log.warning("router heartbeat: Redis unreachable (%s); retrying", exc)
+            self.failures += 1
+            return False
+        if self.failures:
+            down = time.monotonic() - (self.outage_since or time.monotonic())
+            log.warning("router heartbeat: Redis is back after %.1f s", down)
+            if self.on_back is not None:
+                self.on_back(round(down, 3))
+        self.failures, self.outage_since = 0, None
+        return True
+
+    async def clear(self) -> None:
+        """Remove our beat at a clean stop, so web processes know at once."""
+        client = redis_client()
+        try:
+            beat = Beat.parse(await client.get(heartbeat_key()))
+            if beat is not None and beat.boot == self.boot:
+                await client.delete(heartbeat_key())
+        except Exception:
+            log.debug("could not clear the heartbeat", exc_info=True)
+        finally:
+            await client.aclose()
+
+
+class RouterWatch:
+    """A web process's view of the router's heartbeat (see module doc). One per event loop."""
+
+    def __init__(self, *, poll: float = POLL_EVERY, dead_after: float = DEAD_AFTER) -> None:
+        self.poll, self.dead_after = poll, dead_after
+        self.beat: Beat | None = None
+        self.seen_at: float | None = None  # monotonic time of the last fresh beat
+        self.started_at = time.monotonic()
+        self.changed = asyncio.Event()  # set (and replaced) whenever the view changes
+        self._was_alive = True
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def ensure_running(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._loop is not loop:
+            self._loop = loop
+            self._task = loop.create_task(self._run(), name="router watch")
+
+    @property
+    def boot(self) -> str | None:
+        return self.beat.boot if self.beat is not None and self.alive() else None
+
+    def alive(self) -> bool:
+        """A fresh beat was seen recently; True too until the first poll could tell."""
+        now = time.monotonic()
+        if self.seen_at is None:
+            return now - self.started_at < self.dead_after
+        return now - self.seen_at < self.dead_after
+
+    def silent_for(self) -> float:
+        reference = self.seen_at if self.seen_at is not None else self.started_at
+        return time.monotonic() - reference
+
+    async def gone(self, boot: str | None) -> str:
+        """Return (a reason) once the router of ``boot`` is dead or replaced; never otherwise.
+
+        ``boot`` None waits for the router to be dead.
+        """
+        self.ensure_running()
+        while True:
+            reason = self.lost(boot)
+            if reason is not None:
+                return reason
+            changed = self.changed
+            await changed.wait()
+
+    def lost(self, boot: str | None) -> str | None:
+        if not self.alive():
+            return f"no heartbeat from the router for {self.silent_for():.0f} s"
+        if boot is not None and self.beat is not None and self.beat.boot != boot:
+            return "the router restarted"
+        return None
+
+    async def _run(self) -> None:
+        client = redis_client(timeout=max(0.5, self.poll))
+        try:
+            while True:
+                await self._poll_once(client)
+                await asyncio.sleep(self.poll)
+        finally:
+            await client.aclose()
+
+    async def _poll_once(self, client: Any) -> None:
+        try:
+            beat = Beat.parse(await client.get(heartbeat_key()))
+        except Exception:
+            beat = None  # Redis away: the router is out of reach for us too
+        old_boot = self.beat.boot if self.beat is not None else None
+        if beat is not None and time.time() - beat.time < self.dead_after:  # a stopped
+            self.beat, self.seen_at = beat, time.monotonic()  # router's last beat goes stale
+        alive = self.alive()
+        new_boot = self.beat.boot if self.beat is not None else None
+        if alive != self._was_alive or new_boot != old_boot:
+            self._notify()
+        self._was_alive = alive
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+_watches: dict[int, RouterWatch] = {}
+
+
+def watch() -> RouterWatch:
+    """This loop's watch, started on first use."""
+    loop = asyncio.get_running_loop()
+    found = _watches.get(id(loop))
+    if found is None or found._loop not in (None, loop):
+        found = _watches[id(loop)] = RouterWatch()
+    found.ensure_running()
+    return found

@@ -1,0 +1,125 @@
+"""Run the router in a process: the one start-up path of ``serve`` and ``runrouter``.
+
+``RouterProcess`` takes the router's locks (locks.py) before anything starts, then starts the
+engine host (worker.RouterHost), the Channels worker for channel ``router`` and the lock
+keeper; ``stop()`` stops every child within its stop-timeout. ``serve`` runs it inside Daphne's
+event loop (embedded mode, where the web side calls the engine in-process); ``runrouter`` in an
+event loop of its own (team mode). Either way the process keeps serving through Redis
+outages: the channel listener restarts, the heartbeat and the lock refresh retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+
+from models_app import runtime, sources, specs
+from models_app.audit_mapper import new_router_id
+from models_app.locks import LockLost, RouterLock
+
+log = logging.getLogger(__name__)
+
+OPEN_FILES = 65536  # a burst of 1,000 clients is 2,000+ sockets (client side and upstream)
+
+
+def raise_open_files_limit(wanted: int = OPEN_FILES) -> int:
+    """Raise this process's soft limit on open files toward ``wanted`` (macOS starts at 256).
+
+    Returns the limit in force; never fails (a refused raise leaves the limit as it was).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ceiling = hard if hard != resource.RLIM_INFINITY else wanted
+    if sys.platform == "darwin":
+        ceiling = min(ceiling, 10240)  # OPEN_MAX: setrlimit refuses more on macOS
+    target = min(wanted, ceiling)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        except (ValueError, OSError):
+            log.warning("could not raise the open-files limit above %d", soft)
+    return soft
+
+
+class RouterProcess:
+    """The router of this process (see module doc); ``options`` are the command's flags."""
+
+    def __init__(self, options: dict[str, Any], *, on_failure: Callable[[str], None]) -> None:
+        from channels.layers import get_channel_layer
+
+        from models_app.worker import RouterHost
+
+        self.boot = new_router_id()
+        self.lock = RouterLock(self.boot, redis_url=settings.REDIS_URL or "")
+        self.on_failure = on_failure  # told (once) when the router cannot go on
+        overrides = specs.Overrides(
+            models_max=options["models_max"],
+            server_bin=options["server_bin"],
+            lease_ttl=options["lease_ttl"],
+        )
+        self.host = RouterHost(
+            get_channel_layer(),
+            overrides=overrides,
+            state_file=settings.DATA_DIR / "children.json",
+            before_reload=reimport_sources,
+            boot=self.boot,
+        )
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    def acquire_lock(self) -> None:
+        """Take the router's locks; raises ``locks.LockHeld`` naming the owner."""
+        self.lock.acquire()
+
+    async def start(self, *extra: Any) -> None:
+        """Start the engine (raises what its start raises), then the listener and the keeper.
+
+        ``extra``: more coroutines to run beside them until ``stop`` (embedded mode's jobs).
+        """
+        from models_app.worker import run_worker
+
+        raise_open_files_limit()
+        await self.host.start()
+        self._tasks = [
+            asyncio.ensure_future(run_worker(self.host.layer)),
+            asyncio.ensure_future(self._keep_lock()),
+            *(asyncio.ensure_future(coro) for coro in extra),
+        ]
+
+    async def _keep_lock(self) -> None:
+        try:
+            await self.lock.keep()
+        except LockLost as exc:
+            log.error("%s; stopping this router", exc)
+            self.on_failure(str(exc))
+
+    async def wait(self) -> None:
+        """Return when the listener or the lock keeper ended (a failure), else never."""
+        await asyncio.wait(self._tasks[:2], return_when=asyncio.FIRST_COMPLETED)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            await self.host.stop()
+        finally:
+            self.lock.release()
+
+
+async def reimport_sources() -> None:
+    """Re-read ``--models-preset``/``--models-dir`` before a reload (GET /models?reload=1)."""
+    from asgiref.sync import sync_to_async
+
+    def reimport() -> None:
+        if runtime.OPTIONS.models_preset:
+            sources.reimport_preset_file(runtime.OPTIONS.models_preset)
+        if runtime.OPTIONS.models_dir:
+            sources.import_models_dir(runtime.OPTIONS.models_dir)
+
+    await sync_to_async(reimport)()
