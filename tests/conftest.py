@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
-TIERS = ("unit", "app", "process", "services", "browser", "llama")
+TIERS = ("unit", "app", "process", "services", "browser", "llama", "chaos")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

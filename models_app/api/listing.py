@@ -5,7 +5,7 @@ child's ready payload that are not already there (``meta``); then our additions,
 only, so llama.cpp clients (which ignore unknown keys) keep working (§15.32): the engine state
 (which shows ``quarantined`` and ``stuck``), ``stopping``, ``in_flight``, ``pid``, ``memory``
 (RSS bytes), ``pinned``, ``queue_position`` and ``queue_depth`` (waiters for this model) and
-``last_used``.
+``last_used``, and ``backoff`` (a crash-looping model's next start, strikes and reason).
 """
 
 from __future__ import annotations
@@ -83,4 +83,5 @@ def extras(model: Mapping[str, Any]) -> dict[str, Any]:
         "queue_position": model.get("queue_position"),
         "queue_depth": model.get("queue_waiters") or 0,
         "last_used": model.get("last_used"),
+        "backoff": model.get("backoff"),  # a crash loop: {until, strikes, reason} or None
     }

@@ -34,6 +34,7 @@ EXTRA_KEYS = [
     "queue_position",
     "queue_depth",
     "last_used",
+    "backoff",
 ]
 META = {"vocab_type": 1, "n_vocab": 256, "n_ctx": 4096}
 

@@ -30,7 +30,7 @@ from routerpanel.router.supervisor.events import (
     Stream,
     SupervisorEvent,
 )
-from routerpanel.router.supervisor.flood import STATE_MARKER, holds_marker, last_line
+from routerpanel.router.supervisor.flood import FLOOD_PAUSE, STATE_MARKER, holds_marker, last_line
 from routerpanel.router.supervisor.processes import (
     ROUTER_ONLY_ENV,
     _create_time,
@@ -296,6 +296,7 @@ class Supervisor:
                 if (tail := last_line(chunk)) is not None:  # the end stays in the ring
                     self._keep(child, LogLine(child.name, stream, tail, time.time()))
                 splitter.skip(chunk)
+                await asyncio.sleep(FLOOD_PAUSE)  # cap the reading: the pipe holds the rest
             else:
                 for text in splitter.feed(chunk):
                     if budget.allow(now) or (marker and text.startswith(STATE_PREFIX)):

@@ -20,6 +20,10 @@ from routerpanel.router.supervisor.protocol import STATE_PREFIX
 STATE_MARKER = STATE_PREFIX.encode()
 RATE = 200.0  # lines per second shown live
 BURST = 2000.0
+# Past the budget, a pause after each chunk read: at 64 KiB a read that caps the router's work
+# at ~6 MB/s of output (~90,000 lines/s) — far above any real logging; a faster child waits
+# on its full pipe, as it would on a slow terminal.
+FLOOD_PAUSE = 0.01
 
 
 @dataclass(slots=True)
