@@ -23,8 +23,23 @@ DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 SECRET_KEY = secret_key_from(DATA_DIR)
 DEBUG = envbool("DEBUG", False)
+# The host names the panel answers to (a request for any other gets 400, see README "Team
+# deployment"), and the origins besides its own whose pages may post its forms and open its
+# WebSocket (an HTTPS proxy in front: https://panel.example.org).
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+# Browser origins besides the server's own whose pages may call the API routes that change
+# state (/models/load, /models/unload, /models/cancel, ...). Inference routes allow every origin.
+CORS_ALLOWED_ORIGINS = envlist("CORS_ALLOWED_ORIGINS", [])
+
+# Behind an HTTPS reverse proxy that sets X-Forwarded-Proto (and strips it from clients): the
+# requests count as secure, cookies are sent over HTTPS only, and HSTS may be switched on.
+BEHIND_HTTPS = envbool("ROUTERPANEL_BEHIND_HTTPS", False)
+if BEHIND_HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+SECURE_HSTS_SECONDS = envint("ROUTERPANEL_HSTS_SECONDS", 0, minimum=0)
 
 INSTALLED_APPS = [
     "daphne",

@@ -50,6 +50,7 @@ class Request:
         "_watcher",
         "actor",
         "client_gone",
+        "cors",
         "finished",
         "headers",
         "method",
@@ -72,6 +73,7 @@ class Request:
         self.started = False  # the response's status line is out: errors can no longer be sent
         self.finished = False  # the last body message is (being) sent
         self.client_gone = False
+        self.cors = True  # False: answer without CORS headers (a refused foreign origin)
         self._query: dict[str, str] | None = None
         self._watcher: asyncio.Task[None] | None = None
 
@@ -139,7 +141,8 @@ class Request:
     def common_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"server", b"llama.cpp"), (b"x-request-id", self.request_id.encode())]
         origin = self.headers.get(b"origin")
-        if origin:  # llama.cpp's default --cors-origins "*" with credentials echoes the Origin
+        # llama.cpp's default --cors-origins "*" with credentials echoes the Origin (§9.2)
+        if origin and self.cors:
             headers.append((b"access-control-allow-origin", origin))
             headers.append((b"access-control-allow-credentials", b"true"))
         return headers

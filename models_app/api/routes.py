@@ -53,6 +53,7 @@ async def props(api: Api, request: Request) -> None:
 async def list_models(api: Api, request: Request) -> None:
     """§9.8: ``GET /models`` and ``GET /v1/models``; ``?reload=<anything>`` re-reads presets."""
     if request.query("reload"):
+        api.refuse_foreign_origin(request)  # a reload restarts changed models: it changes state
         # sources=True: re-read --models-preset/--models-dir too, as llama.cpp re-reads its
         # sources; the panel's reloads after an edit do not, so they never undo that edit.
         await api.router.call("reload", actor=request.actor, sources=True)  # failure: 500
