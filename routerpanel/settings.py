@@ -164,6 +164,8 @@ ROUTERPANEL = {
     "DEFAULT_STOP_TIMEOUT": envint("ROUTERPANEL_STOP_TIMEOUT", 10, minimum=0),
     "SERVER_BIN": envstr("ROUTERPANEL_SERVER_BIN", "llama-server"),
     "ADMIN_PASSWORD": envstr("ROUTERPANEL_ADMIN_PASSWORD"),
+    # Seconds a request may take to arrive whole, headers and body, before it is answered 408.
+    "BODY_TIMEOUT": envint("ROUTERPANEL_BODY_TIMEOUT", 30, minimum=1),
 }
 
 LOGGING = {
