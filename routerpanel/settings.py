@@ -7,6 +7,7 @@ process at import time; values that parse but are wrong are reported by the syst
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -51,6 +52,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_celery_beat",  # scheduled preloads and the periodic jobs, edited in the admin
+    "axes",  # before models_app: its sign-in receivers run before ours (models_app.signin)
     "models_app",
 ]
 
@@ -63,6 +65,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # turns a locked-out sign-in into the lockout page
 ]
 
 ROOT_URLCONF = "routerpanel.urls"
@@ -140,6 +143,24 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# Sign-in throttling (django-axes): after ROUTERPANEL_LOGIN_FAILURE_LIMIT failures for one user
+# name, or from one client address, within the lockout time, sign-ins for it are refused until
+# the lockout time has passed since the last failure, or an admin unlocks it (Users page).
+# Behind a reverse proxy every client has the proxy's address: set
+# ROUTERPANEL_LOGIN_LOCK_BY_ADDRESS=false there, or one person's typos lock out everyone.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = envint("ROUTERPANEL_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(seconds=envint("ROUTERPANEL_LOGIN_LOCKOUT_SECONDS", 900, minimum=1))
+LOCK_BY_ADDRESS = envbool("ROUTERPANEL_LOGIN_LOCK_BY_ADDRESS", True)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"] if LOCK_BY_ADDRESS else ["username"]
+# Attempts during a lockout do not extend it: it ends a lockout time after the last failure.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "models_app.views.signin.locked_out"
+AXES_DISABLE_ACCESS_LOG = True  # successful sign-ins: Django's last_login is enough
+
 # The panel's own sign-in page; after signing in (or out) people land on the dashboard.
 LOGIN_URL = "panel:login"
 LOGIN_REDIRECT_URL = "panel:dashboard"
