@@ -7,6 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http.request import split_domain_port
 from django.shortcuts import render
 from django.utils import timezone
 
@@ -50,6 +51,7 @@ def locked_out(
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """``handler400``: a host name the panel does not answer to says so, and what to change."""
     if isinstance(exception, DisallowedHost):
-        host = request.META.get("HTTP_HOST", "")[:200]
+        given = request.META.get("HTTP_HOST", "")[:200]
+        host = split_domain_port(given)[0] or given  # ALLOWED_HOSTS lists names, not ports
         return render(request, "panel/unknown_host.html", {"host": host}, status=400)
     return HttpResponseBadRequest("Bad Request (400)", content_type="text/plain")

@@ -103,7 +103,7 @@ def test_a_bad_value_stops_the_process_naming_the_variable(tmp_path: Path) -> No
 @pytest.mark.django_db
 class TestHostNames:
     def test_an_unknown_host_name_is_told_what_to_change(self) -> None:
-        response = Client().get("/", HTTP_HOST="studio.local")
+        response = Client().get("/", HTTP_HOST="studio.local:8080")
         assert response.status_code == 400
         page = response.content.decode()
         assert "This panel does not answer to “studio.local”" in page

@@ -79,6 +79,7 @@ def test_a_locked_out_user_sees_why_and_an_admin_unlocks_them(
     admin.goto(f"{server.url}/users/")
     admin.wait_for_selector('[data-lockout="user:victor"]')
     assert admin.locator('[data-lockout="address:127.0.0.1"]').count() == 1
+    screenshot(admin, "panel-users-lockouts.png")
     admin.click("text=Unlock user name victor")
     admin.wait_for_selector("text=Unlocked sign-in for the user name victor.")
     # victor's failures were the address's failures too: both lockouts are gone
