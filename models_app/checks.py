@@ -6,6 +6,8 @@ routerpanel.E003  the data directory is not writable
 routerpanel.W001  the default server binary is not on PATH
 routerpanel.W002  DEBUG is on while the panel listens beyond loopback
 routerpanel.W003  SECRET_KEY is shorter than 32 characters
+routerpanel.W004  ROUTERPANEL_HSTS_SECONDS is set but ROUTERPANEL_BEHIND_HTTPS is not
+routerpanel.W005  a CORS_ALLOWED_ORIGINS entry is not an origin (scheme://host[:port])
 """
 
 from __future__ import annotations
@@ -108,3 +110,37 @@ def check_secret_key(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
             )
         ]
     return []
+
+
+@register()
+def check_hsts(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    if settings.SECURE_HSTS_SECONDS and not settings.BEHIND_HTTPS:
+        return [
+            Warning(
+                "ROUTERPANEL_HSTS_SECONDS is set, but no request counts as HTTPS, so no "
+                "Strict-Transport-Security header is ever sent.",
+                hint="Set ROUTERPANEL_BEHIND_HTTPS=true behind an HTTPS proxy, or unset it.",
+                id="routerpanel.W004",
+            )
+        ]
+    return []
+
+
+@register()
+def check_cors_origins(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    bad = [origin for origin in settings.CORS_ALLOWED_ORIGINS if not _is_origin(origin)]
+    if bad:
+        return [
+            Warning(
+                f"CORS_ALLOWED_ORIGINS has entries that are not origins: {', '.join(bad)}.",
+                hint="Write each as scheme://host[:port], e.g. https://chat.example.org.",
+                id="routerpanel.W005",
+            )
+        ]
+    return []
+
+
+def _is_origin(text: str) -> bool:
+    """scheme://host[:port] and nothing more: what browsers send in ``Origin`` (no slash)."""
+    parts = urlsplit(text)
+    return parts.scheme in ("http", "https") and bool(parts.netloc) and not parts.path

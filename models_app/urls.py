@@ -30,4 +30,5 @@ urlpatterns = [
     path("keys/<int:pk>/revoke/", admin_pages.api_key_revoke, name="api_key_revoke"),
     path("users/", admin_pages.users, name="users"),
     path("users/<int:pk>/role/", admin_pages.user_role, name="user_role"),
+    path("users/unlock/", admin_pages.user_unlock, name="user_unlock"),
 ]

@@ -11,7 +11,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
 
 from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
-from channels.security.websocket import AllowedHostsOriginValidator
 from django.core.asgi import get_asgi_application
 
 django_asgi_app = get_asgi_application()
@@ -20,9 +19,11 @@ from django.urls import path  # noqa: E402
 
 from models_app.api import build_http_app  # noqa: E402  (needs the apps loaded)
 from models_app.consumers import DashboardConsumer  # noqa: E402
+from models_app.security import OwnOriginOnly  # noqa: E402
 
-# The panel's one WebSocket: the session's user (AuthMiddlewareStack), from our own origin only.
-websocket_app = AllowedHostsOriginValidator(
+# The panel's one WebSocket: the session's user (AuthMiddlewareStack), from our own origin only
+# (scheme, host and port, or CSRF_TRUSTED_ORIGINS): checked before the session is even read.
+websocket_app = OwnOriginOnly(
     AuthMiddlewareStack(URLRouter([path("ws/dashboard/", DashboardConsumer.as_asgi())]))
 )
 

@@ -7,6 +7,7 @@ process at import time; values that parse but are wrong are reported by the syst
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -23,8 +24,23 @@ DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 SECRET_KEY = secret_key_from(DATA_DIR)
 DEBUG = envbool("DEBUG", False)
+# The host names the panel answers to (a request for any other gets 400, see README "Team
+# deployment"), and the origins besides its own whose pages may post its forms and open its
+# WebSocket (an HTTPS proxy in front: https://panel.example.org).
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+# Browser origins besides the server's own whose pages may call the API routes that change
+# state (/models/load, /models/unload, /models/cancel, ...). Inference routes allow every origin.
+CORS_ALLOWED_ORIGINS = envlist("CORS_ALLOWED_ORIGINS", [])
+
+# Behind an HTTPS reverse proxy that sets X-Forwarded-Proto (and strips it from clients): the
+# requests count as secure, cookies are sent over HTTPS only, and HSTS may be switched on.
+BEHIND_HTTPS = envbool("ROUTERPANEL_BEHIND_HTTPS", False)
+if BEHIND_HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+SECURE_HSTS_SECONDS = envint("ROUTERPANEL_HSTS_SECONDS", 0, minimum=0)
 
 INSTALLED_APPS = [
     "daphne",
@@ -36,6 +52,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_celery_beat",  # scheduled preloads and the periodic jobs, edited in the admin
+    "axes",  # before models_app: its sign-in receivers run before ours (models_app.signin)
     "models_app",
 ]
 
@@ -48,6 +65,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # turns a locked-out sign-in into the lockout page
 ]
 
 ROOT_URLCONF = "routerpanel.urls"
@@ -135,6 +153,24 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# Sign-in throttling (django-axes): after ROUTERPANEL_LOGIN_FAILURE_LIMIT failures for one user
+# name, or from one client address, within the lockout time, sign-ins for it are refused until
+# the lockout time has passed since the last failure, or an admin unlocks it (Users page).
+# Behind a reverse proxy every client has the proxy's address: set
+# ROUTERPANEL_LOGIN_LOCK_BY_ADDRESS=false there, or one person's typos lock out everyone.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = envint("ROUTERPANEL_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(seconds=envint("ROUTERPANEL_LOGIN_LOCKOUT_SECONDS", 900, minimum=1))
+LOCK_BY_ADDRESS = envbool("ROUTERPANEL_LOGIN_LOCK_BY_ADDRESS", True)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"] if LOCK_BY_ADDRESS else ["username"]
+# Attempts during a lockout do not extend it: it ends a lockout time after the last failure.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "models_app.views.signin.locked_out"
+AXES_DISABLE_ACCESS_LOG = True  # successful sign-ins: Django's last_login is enough
+
 # The panel's own sign-in page; after signing in (or out) people land on the dashboard.
 LOGIN_URL = "panel:login"
 LOGIN_REDIRECT_URL = "panel:dashboard"
@@ -159,6 +195,8 @@ ROUTERPANEL = {
     "DEFAULT_STOP_TIMEOUT": envint("ROUTERPANEL_STOP_TIMEOUT", 10, minimum=0),
     "SERVER_BIN": envstr("ROUTERPANEL_SERVER_BIN", "llama-server"),
     "ADMIN_PASSWORD": envstr("ROUTERPANEL_ADMIN_PASSWORD"),
+    # Seconds a request may take to arrive whole, headers and body, before it is answered 408.
+    "BODY_TIMEOUT": envint("ROUTERPANEL_BODY_TIMEOUT", 30, minimum=1),
 }
 
 LOGGING = {

@@ -6,7 +6,8 @@ route, the key check is in memory, and the handler talks ASGI through ``Request`
 are not ours (the panel, the admin, static files) go to the Django ASGI app unchanged.
 
 Route table (method → handler; every route needs an API key when keys are required, except
-``/health`` and ``/v1/health``; OPTIONS on any API path is a CORS preflight, §9.2):
+``/health`` and ``/v1/health``; OPTIONS on any API path is a CORS preflight, §9.2; routes marked
+* change the router's or a child's state and refuse foreign browser origins, see below):
 
 =============================  ==============  ==========================================
 path                           methods         handler
@@ -16,15 +17,27 @@ path                           methods         handler
 /props                         GET             routes.props (``?model=`` → GET proxy)
 /props                         POST            proxy.proxy_post
 /models, /v1/models            GET             routes.list_models (``?reload=``)
-/models                        POST, DELETE    routes.downloads_unsupported (501)
-/models/load, /models/unload   POST            routes.load, routes.unload
-/models/cancel                 POST            routes.cancel_queued (ours: queued → 499)
+/models                        POST, DELETE    routes.downloads_unsupported (501) *
+/models/load, /models/unload   POST            routes.load, routes.unload *
+/models/cancel                 POST            routes.cancel_queued (ours: queued → 499) *
 /models/sse                    GET             sse.stream_events
 /metrics                       GET             routes.metrics (Prometheus; ``?model=`` → proxy)
 /tools, /cors-proxy            GET, POST       routes.feature_disabled (403)
-proxy.POST_PATHS, /slots/<id>  POST            proxy.proxy_post (model from the JSON body)
+proxy.POST_PATHS, /slots/<id>  POST            proxy.proxy_post (model from the JSON body;
+                                               * for /props, /lora-adapters, /slots/<id>)
 proxy.GET_PATHS                GET             proxy.proxy_get (model from ``?model=``)
 =============================  ==============  ==========================================
+
+``GET /models?reload=1`` re-reads the presets and restarts changed models, so it is guarded
+like the starred routes.
+
+Browser origins (issue 13): inference keeps llama.cpp's permissive CORS (the ``Origin`` is
+echoed, §9.2), so browser chat front ends on any origin work. A starred route answers 403 to a
+request whose ``Origin`` is neither this server's own nor in ``CORS_ALLOWED_ORIGINS``, or that
+the browser marks as sent by another site (``Sec-Fetch-Site``) — otherwise any web page a team
+member has open could unload models with a ``text/plain`` POST, which needs no preflight. The
+refusal carries no CORS headers, and neither does a preflight for it. Requests without
+``Origin`` (curl, SDKs) are not browsers' and pass to the key check as before.
 
 Any other method on those paths, and any path under ``/v1/``, ``/models/`` or ``/slots/``, is
 404 ``File Not Found``. Other paths go to Django; a 404 that Django produces for a client that
@@ -41,6 +54,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from models_app import security
 from models_app.api import auth, proxy, routes, sse
 from models_app.api.config import ApiConfig
 from models_app.api.errors import NOT_FOUND, UNAUTHORIZED, ApiError, error_body
@@ -65,6 +79,7 @@ PREFLIGHT_HEADERS = (
 class Route:
     handler: Handler
     public: bool = False
+    changes_state: bool = False  # refused to foreign browser origins (see the module doc)
 
 
 def route_table() -> dict[str, dict[str, Route]]:
@@ -75,23 +90,37 @@ def route_table() -> dict[str, dict[str, Route]]:
         for path, method in itertools.product(paths, methods):
             table.setdefault(path, {})[method] = route
 
-    add(proxy.POST_PATHS, ("POST",), Route(proxy.proxy_post))
+    inference = tuple(path for path in proxy.POST_PATHS if path not in STATE_POST_PATHS)
+    add(inference, ("POST",), Route(proxy.proxy_post))
+    add(STATE_POST_PATHS, ("POST",), Route(proxy.proxy_post, changes_state=True))
     add(proxy.GET_PATHS, ("GET",), Route(proxy.proxy_get))
     add(("/health", "/v1/health"), ("GET",), Route(routes.health, public=True))
     add(("/ready",), ("GET",), Route(routes.ready, public=True))
     add(("/props",), ("GET",), Route(routes.props))
     add(("/models", "/v1/models"), ("GET",), Route(routes.list_models))
-    add(("/models",), ("POST", "DELETE"), Route(routes.downloads_unsupported))
-    add(("/models/load",), ("POST",), Route(routes.load))
-    add(("/models/unload",), ("POST",), Route(routes.unload))
-    add(("/models/cancel",), ("POST",), Route(routes.cancel_queued))
+    add(("/models",), ("POST", "DELETE"), Route(routes.downloads_unsupported, changes_state=True))
+    add(("/models/load",), ("POST",), Route(routes.load, changes_state=True))
+    add(("/models/unload",), ("POST",), Route(routes.unload, changes_state=True))
+    add(("/models/cancel",), ("POST",), Route(routes.cancel_queued, changes_state=True))
     add(("/models/sse",), ("GET",), Route(sse.stream_events))
     add(("/tools", "/cors-proxy"), ("GET", "POST"), Route(routes.feature_disabled))
     add(("/metrics",), ("GET",), Route(routes.metrics))  # ?model= still proxies (§8.2)
     return table
 
 
-PREFIX_ROUTES = tuple((prefix, {"POST": Route(proxy.proxy_post)}) for prefix in proxy.POST_PREFIXES)
+# Proxied POSTs that change a child rather than ask it something: its props, its LoRA scales,
+# a slot saved, restored or erased.
+STATE_POST_PATHS = ("/props", "/lora-adapters")
+PREFIX_ROUTES = tuple(
+    (prefix, {"POST": Route(proxy.proxy_post, changes_state=True)})
+    for prefix in proxy.POST_PREFIXES
+)
+API_PATHS = frozenset(route_table())
+
+
+def is_api_path(path: str) -> bool:
+    """Whether ``path`` is answered by the API rather than by Django (the panel)."""
+    return path in API_PATHS or _prefixed(path) is not None
 
 
 class Api:
@@ -133,12 +162,34 @@ class Api:
         if route is not None:
             await self._handle(route, request)
         elif request.method == "OPTIONS":
-            await request.respond(200, b"", b"text/html", PREFLIGHT_HEADERS)
+            await self._preflight(methods, request)
         else:
             await request.respond(404, NOT_FOUND)
 
+    async def _preflight(self, methods: dict[str, Route], request: Request) -> None:
+        """§9.2: 200 with CORS headers; but no CORS for a foreign origin asking to change state."""
+        asked = request.headers.get(b"access-control-request-method", b"").decode("latin-1")
+        route = methods.get(asked.strip().upper())
+        if route is not None and route.changes_state and self._foreign(request) is not None:
+            request.cors = False
+            await request.respond(403, error_body(403, "this origin may not change state"))
+            return
+        await request.respond(200, b"", b"text/html", PREFLIGHT_HEADERS)
+
+    def _foreign(self, request: Request) -> str | None:
+        return security.foreign_browser_origin(request.scope, request.headers)
+
+    def refuse_foreign_origin(self, request: Request) -> None:
+        """Raise 403 if a browser page of another origin sent this state-changing request."""
+        reason = self._foreign(request)
+        if reason is not None:
+            request.cors = False  # the page may not even read the refusal
+            raise ApiError(403, reason)
+
     async def _handle(self, route: Route, request: Request) -> None:
         try:
+            if route.changes_state:
+                self.refuse_foreign_origin(request)
             if not route.public:
                 request.actor = await self.keys.authenticate(request.headers)
             await route.handler(self, request)

@@ -19,6 +19,7 @@ ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     500: "server_error",
     501: "not_supported_error",
@@ -27,8 +28,15 @@ ERROR_TYPES = {
 
 
 def dumps(value: Any) -> bytes:
-    """Serialise compactly, UTF-8 unescaped, as llama.cpp's JSON ``dump()`` does."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    """Serialise compactly, UTF-8 unescaped, as llama.cpp's JSON ``dump()`` does.
+
+    Text that UTF-8 cannot hold (a lone surrogate echoed from a request) is written escaped
+    (``\\ud800``) instead of failing: an error body must never be the error.
+    """
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 def error_body(status: int, message: str, error_type: str | None = None) -> bytes:

@@ -20,7 +20,6 @@ key order (§8.10): the child reads the same parameters either way.
 
 from __future__ import annotations
 
-import json
 import logging
 from email import policy
 from email.parser import BytesParser
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from models_app import runtime
+from models_app.api import jsonbody
 from models_app.api.errors import ApiError, dumps
 from models_app.api.lease import LeaseKeeper
 from models_app.api.request import Request
@@ -99,14 +99,12 @@ async def proxy_get(api: Api, request: Request) -> None:
 
 
 def model_from_body(body: bytes, content_type: bytes) -> str:
-    """Return the body's ``model`` ("" when absent or not a string); 400 if it is not JSON."""
+    """Return the body's ``model`` ("" when absent or not a string); 400 if it is not JSON
+    (strict: ``jsonbody.parse``, the same rules as the router's own routes)."""
     if content_type[:19].lower() == b"multipart/form-data":
         data: object = multipart_fields(body, content_type)
     else:
-        try:
-            data = json.loads(body)
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError: the parser's text
-            raise ApiError(400, str(exc)) from None
+        data = jsonbody.parse(body)
     model = data.get("model") if isinstance(data, dict) else None
     return model if isinstance(model, str) else ""
 

@@ -4,6 +4,11 @@
 that hold for every response live here: ``Server: llama.cpp`` and ``X-Request-Id`` on every
 answer, CORS for browsers (§9.2), and the generic body on every 404 (§9.3a, §15.29 keep).
 
+A body must arrive whole within the body timeout (``ROUTERPANEL_BODY_TIMEOUT``, 30 s) or the
+request is answered 408; one longer than the limit is 413. Under ``serve`` the server itself
+enforces both before the application sees the request (``management/commands/_daphne.py``):
+these checks are the same rules for any other ASGI server.
+
 Headers are kept as a dict of lower-case byte names (ASGI gives them lower-cased); a repeated
 header keeps its last value, as llama.cpp's proxy collapses duplicates (§8.11).
 """
@@ -16,6 +21,8 @@ import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
+
+from django.conf import settings
 
 from models_app.api.errors import NOT_FOUND, ApiError, dumps
 
@@ -50,6 +57,7 @@ class Request:
         "_watcher",
         "actor",
         "client_gone",
+        "cors",
         "finished",
         "headers",
         "method",
@@ -72,6 +80,7 @@ class Request:
         self.started = False  # the response's status line is out: errors can no longer be sent
         self.finished = False  # the last body message is (being) sent
         self.client_gone = False
+        self.cors = True  # False: answer without CORS headers (a refused foreign origin)
         self._query: dict[str, str] | None = None
         self._watcher: asyncio.Task[None] | None = None
 
@@ -86,11 +95,21 @@ class Request:
                 self._query.setdefault(key, value)
         return self._query.get(name)
 
-    async def read_body(self, limit: int) -> bytes:
-        """Read the whole body; 413 beyond ``limit`` bytes; ``ClientGone`` if the client left."""
+    async def read_body(self, limit: int, timeout: float | None = None) -> bytes:
+        """Read the whole body; 413 beyond ``limit`` bytes, 408 if it is not all there within
+        ``timeout`` seconds (default: the body timeout setting); ``ClientGone`` if the client
+        left."""
         declared = self.headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise too_large(limit)
+        seconds = body_timeout() if timeout is None else timeout
+        try:
+            async with asyncio.timeout(seconds):
+                return await self._read_all(limit)
+        except TimeoutError:
+            raise too_slow(seconds) from None
+
+    async def _read_all(self, limit: int) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -139,7 +158,8 @@ class Request:
     def common_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"server", b"llama.cpp"), (b"x-request-id", self.request_id.encode())]
         origin = self.headers.get(b"origin")
-        if origin:  # llama.cpp's default --cors-origins "*" with credentials echoes the Origin
+        # llama.cpp's default --cors-origins "*" with credentials echoes the Origin (§9.2)
+        if origin and self.cors:
             headers.append((b"access-control-allow-origin", origin))
             headers.append((b"access-control-allow-credentials", b"true"))
         return headers
@@ -185,3 +205,12 @@ class Request:
 
 def too_large(limit: int) -> ApiError:
     return ApiError(413, f"request body too large (limit: {limit} bytes)")
+
+
+def too_slow(seconds: float) -> ApiError:
+    return ApiError(408, f"request body not received within {seconds:g} s")
+
+
+def body_timeout() -> float:
+    """Seconds a request body may take to arrive (``ROUTERPANEL_BODY_TIMEOUT``)."""
+    return float(settings.ROUTERPANEL["BODY_TIMEOUT"])

@@ -8,13 +8,12 @@ an unknown model is 404 on ``/models/load`` (answered with the generic body, §9
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
 from models_app import metrics as router_metrics
 from models_app import runtime
-from models_app.api import listing, proxy
+from models_app.api import jsonbody, listing, proxy
 from models_app.api.errors import FEATURE_DISABLED, ApiError, dumps
 from models_app.api.request import Request
 from models_app.bridge import RouterRejected
@@ -70,6 +69,7 @@ async def props(api: Api, request: Request) -> None:
 async def list_models(api: Api, request: Request) -> None:
     """§9.8: ``GET /models`` and ``GET /v1/models``; ``?reload=<anything>`` re-reads presets."""
     if request.query("reload"):
+        api.refuse_foreign_origin(request)  # a reload restarts changed models: it changes state
         # sources=True: re-read --models-preset/--models-dir too, as llama.cpp re-reads its
         # sources; the panel's reloads after an edit do not, so they never undo that edit.
         await api.router.call("reload", actor=request.actor, sources=True)  # failure: 500
@@ -127,12 +127,7 @@ async def _model_of(api: Api, request: Request) -> str:
 
 
 async def _json_of(api: Api, request: Request) -> dict[str, Any]:
-    body = await request.read_body(api.config.max_body_bytes)
-    try:
-        data: Any = json.loads(body)
-    except ValueError as exc:
-        raise ApiError(400, str(exc)) from None
-    return data if isinstance(data, dict) else {}
+    return jsonbody.parse_object(await request.read_body(api.config.max_body_bytes))
 
 
 async def downloads_unsupported(api: Api, request: Request) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -11,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from models_app import audit
+from models_app import audit, signin
 from models_app.forms import ApiKeyForm, NewUserForm, RoleForm, SettingsForm
 from models_app.models import ApiKey, Preset, RouterSettings
 from models_app.roles import Role, forbidden, require, role_of, set_role
@@ -139,7 +140,27 @@ def users(request: HttpRequest) -> HttpResponse:
         {"user": u, "role": role_of(u).label, "form": RoleForm(initial={"role": role_of(u).label})}
         for u in get_user_model().objects.order_by("username").prefetch_related("groups")
     ]
-    return render(request, "panel/users.html", {"form": form, "rows": rows})
+    context = {
+        "form": form,
+        "rows": rows,
+        "lockouts": signin.lockouts(),
+        "failure_limit": settings.AXES_FAILURE_LIMIT,
+    }
+    return render(request, "panel/users.html", context)
+
+
+@require_POST
+@require(Role.ADMIN)
+def user_unlock(request: HttpRequest) -> HttpResponse:
+    """Clear a sign-in lockout of a user name or a client address (audited)."""
+    kind, value = request.POST.get("kind", ""), request.POST.get("value", "").strip()
+    if kind not in ("user", "address") or not value:
+        messages.error(request, "Say which user name or address to unlock.")
+        return redirect("panel:users")
+    signin.unlock(kind, value, audit.actor_of(request.user))
+    label = "user name" if kind == "user" else "address"
+    messages.success(request, f"Unlocked sign-in for the {label} {value}.")
+    return redirect("panel:users")
 
 
 @require_POST

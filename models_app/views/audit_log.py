@@ -1,4 +1,8 @@
-"""The audit log: filters (model, kind, actor, time range), paging, CSV/JSON export, detail."""
+"""The audit log: filters (model, kind, actor, time range), paging, CSV/JSON export, detail.
+
+The CSV export escapes text that a spreadsheet would run as a formula (``security.csv_cell``);
+the JSON export is data, not a sheet, and carries the values as stored.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from django.views.decorators.http import require_GET
 from models_app.forms import AuditFilterForm
 from models_app.models import AuditEvent, AuditKind
 from models_app.roles import Role, require
+from models_app.security import csv_cell
 
 PAGE_SIZE = 50
 EXPORT_FIELDS = (
@@ -92,7 +97,8 @@ def _csv(rows: QuerySet[AuditEvent]) -> StreamingHttpResponse:
         for row in rows.iterator(chunk_size=500):
             values = _export_row(row)
             values["details"] = json.dumps(values["details"], sort_keys=True)
-            yield writer.writerow(["" if v is None else v for v in values.values()])
+            # A cell a client chose (X-Request-Id, a model name) must not run as a formula.
+            yield writer.writerow(["" if v is None else csv_cell(v) for v in values.values()])
 
     response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{_filename("csv")}"'

@@ -48,8 +48,11 @@ def free_port() -> int:
 class PanelServer:
     """``manage.py serve --demo`` in its own process group."""
 
-    def __init__(self, data_dir: Path, *, models_max: int = 2) -> None:
+    def __init__(
+        self, data_dir: Path, *, models_max: int = 2, env: dict[str, str] | None = None
+    ) -> None:
         self.data_dir = data_dir
+        self.env = env or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.models_max = models_max
@@ -61,6 +64,7 @@ class PanelServer:
             "ROUTERPANEL_ADMIN_PASSWORD": ADMIN_PASSWORD,
             "ROUTERPANEL_DATA_DIR": str(self.data_dir),
             "DEBUG": "false",
+            **self.env,
         }
         env.pop("REDIS_URL", None)
         env.pop("DATABASE_URL", None)

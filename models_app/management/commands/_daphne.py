@@ -1,27 +1,201 @@
-"""Daphne's server for ``serve``, minus Twisted's parsing of POST bodies.
+"""Daphne's server for ``serve``: no POST form parsing, and bodies bounded in size and time.
 
 Imported only when ``serve`` runs: importing ``daphne.server`` installs Twisted's asyncio reactor.
+
+Daphne (Twisted) reads a request's whole body before it calls the application, so the
+application's own checks (``Request.read_body``) come too late for a client that declares 40 MiB
+and sends nothing, or sends a chunked body that never ends: the 413 would come after the upload,
+the timeout never. ``BodyGuard`` therefore acts inside Twisted, where the headers are known
+before the body (``Request.gotLength``, called by ``HTTPChannel.allHeadersReceived``):
+
+* a ``Content-Length`` over the limit is answered 413 at once, before a byte of body is read;
+  a chunked body is counted as it arrives and answered 413 when it passes the limit;
+* a request whose headers and body are not all in within the body timeout is answered 408.
+
+API paths get llama.cpp's JSON error shape, the panel's paths a plain text answer. The
+connection closes a few seconds after either answer; until then it reads and drops what the
+client still sends, so that a client busy uploading gets to read the answer instead of a
+connection reset (closing a socket with unread data resets it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 from daphne.server import Server
+from twisted.internet import reactor
 from twisted.web import http
+
+from models_app.api.app import is_api_path
+from models_app.api.config import ApiConfig
+from models_app.api.errors import error_body
+from models_app.api.request import JSON_TYPE, body_timeout
+
+LINGER = 5.0  # seconds an answered connection keeps draining the client's upload before closing
+REASONS = {408: b"Request Timeout", 413: b"Content Too Large"}
 
 
 class RouterPanelServer(Server):  # type: ignore[misc]
-    """Daphne's ``Server`` with Twisted's POST form parsing turned off for every request.
+    """Daphne's ``Server``, guarding each request's body (see the module doc).
 
-    For each POST with a body, Twisted parses the Content-Type with the ``email`` package (about
-    75 µs) and a multipart or URL-encoded body into ``request.args`` — which Daphne never reads:
-    it hands ASGI the raw body. Daphne builds its ``WebRequest`` itself, without Twisted's
-    ``parsePOSTFormSubmission`` argument, but it reports each new request here before any byte
-    of its body has been read, so the flag the argument would set is set here instead.
+    It also turns off Twisted's POST form parsing: for each POST with a body, Twisted parses
+    the Content-Type with the ``email`` package (about 75 µs) and a multipart or URL-encoded
+    body into ``request.args`` — which Daphne never reads: it hands ASGI the raw body. Daphne
+    builds its ``WebRequest`` itself, without Twisted's ``parsePOSTFormSubmission`` argument,
+    but it reports each new request here before any byte of its body has been read, so the
+    flag the argument would set is set here instead, and the guard is installed.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.body_limit = ApiConfig().max_body_bytes
+        self.body_timeout = body_timeout()
 
     def protocol_connected(self, protocol: Any) -> None:
         if isinstance(protocol, http.Request):
             protocol._parsePOSTFormSubmission = False
+            BodyGuard(protocol, self.body_limit, self.body_timeout).install()
         super().protocol_connected(protocol)
+
+
+class BodyGuard:
+    """Bound one request's body in size and time, answering 413 or 408 itself.
+
+    Daphne reports the request when its first line arrives, so the timer covers the headers
+    as well as the body. The guard hooks the request object's own methods: ``gotLength``
+    (headers known, body not yet read), its body file's ``write`` (each piece of body) and
+    ``requestReceived`` (the whole request is in: stop the timer and let Daphne run the app).
+    """
+
+    def __init__(self, request: http.Request, limit: int, timeout: float) -> None:
+        self.request = request
+        self.limit = limit
+        self.timeout = timeout
+        self.answered = False
+        self._timer: Any = None
+        self._got_length: Callable[[int | None], None] = request.gotLength
+        self._received: Callable[[bytes, bytes, bytes], Any] = request.requestReceived
+
+    def install(self) -> None:
+        self.request.gotLength = self.got_length
+        self.request.requestReceived = self.request_received
+        self._timer = reactor.callLater(self.timeout, self.timed_out)  # type: ignore[attr-defined]
+
+    # ---- Twisted's calls ----------------------------------------------------------------------
+
+    def got_length(self, length: int | None) -> None:
+        if length is not None and length > self.limit:
+            self.request.content = _Discard()
+            self.answer_too_large()
+            return
+        self._got_length(length)
+        self.request.content = _Counted(self.request.content, self.limit, self.answer_too_large)
+
+    def request_received(self, command: bytes, path: bytes, version: bytes) -> Any:
+        self._stop_timer()
+        if self.answered:
+            return None  # the rest of a refused body reached its end: nothing to run
+        return self._received(command, path, version)
+
+    def timed_out(self) -> None:
+        self._timer = None
+        if self.answered or self.request._disconnected:
+            return
+        seconds = f"{self.timeout:g}"
+        self.answer(408, f"request body not received within {seconds} s")
+
+    # ---- answering ----------------------------------------------------------------------------
+
+    def answer_too_large(self) -> None:
+        self.answer(413, f"request body too large (limit: {self.limit} bytes)")
+
+    def answer(self, status: int, message: str) -> None:
+        """Write the whole answer, stop reading requests, and close ``LINGER`` s later."""
+        if self.answered:
+            return
+        self.answered = True
+        self._stop_timer()
+        channel = self.request.channel
+        if channel is None or channel.transport is None:
+            return
+        # Twisted would answer "Expect: 100-continue" after gotLength returns: not any more.
+        self.request.requestHeaders.removeHeader(b"expect")
+        channel.transport.write(self._response(status, message))
+        channel.dataReceived = _drop  # what the client still sends is read and dropped
+        reactor.callLater(LINGER, self._close)  # type: ignore[attr-defined]
+
+    def _response(self, status: int, message: str) -> bytes:
+        raw_path = getattr(self.request.channel, "_path", b"")  # the request line's target
+        path = unquote(raw_path.split(b"?", 1)[0].decode("latin-1"))
+        if is_api_path(path):
+            body, content_type = error_body(status, message), JSON_TYPE
+            extra = b"Server: llama.cpp\r\n"
+        else:
+            body, content_type = message.encode() + b"\n", b"text/plain; charset=utf-8"
+            extra = b""
+        head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
+            status,
+            REASONS[status],
+            content_type,
+            len(body),
+        )
+        return head + extra + b"Connection: close\r\n\r\n" + body
+
+    def _close(self) -> None:
+        channel = self.request.channel
+        if channel is not None and not self.request._disconnected:
+            channel.loseConnection()
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+
+def _drop(data: bytes) -> None:
+    """Read and forget (the channel's ``dataReceived`` once a request is answered)."""
+
+
+class _Discard:
+    """The body file of a refused request: everything written is forgotten."""
+
+    closed = False
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def seek(self, *args: Any) -> int:
+        return 0
+
+    def read(self, *args: Any) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Counted:
+    """A request's body file that calls ``too_large`` once more than ``limit`` bytes came."""
+
+    def __init__(self, file: Any, limit: int, too_large: Callable[[], None]) -> None:
+        self._file = file
+        self._limit = limit
+        self._too_large = too_large
+        self._size = 0
+        self._refused = False
+
+    def write(self, data: bytes) -> None:
+        if self._refused:
+            return
+        self._size += len(data)
+        if self._size > self._limit:
+            self._refused = True
+            self._file.close()
+            self._too_large()
+            return
+        self._file.write(data)
+
+    def __getattr__(self, name: str) -> Any:  # seek, read, close, closed: the real file's
+        return getattr(self._file, name)

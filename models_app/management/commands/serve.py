@@ -16,7 +16,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from models_app import bootstrap, runtime, sources
+from models_app import bootstrap, runtime, security, sources
 from models_app.locks import LockHeld
 from models_app.models import Preset, RouterSettings
 from models_app.routerproc import RouterProcess, raise_open_files_limit
@@ -69,6 +69,7 @@ class Command(BaseCommand):
         bootstrap.migrate()
         self._announce_admin()
         self._configure_web(options)
+        security.warn_if_open(options["host"], runtime.OPTIONS.api_keys, self.stderr)
         if not options["no_router"]:
             self._import_sources(options)
         self._run(options)
