@@ -273,9 +273,7 @@ class RouterClient:
         try:
             answer = await self._first_answer(reply)
             while answer["type"] == "router.queued":  # no deadline but the router's life
-                answer = await self._until_router_gone(
-                    self.layer.receive(reply), answer.get("boot")
-                )
+                answer = await self._until_router_gone(self._receive(reply), answer.get("boot"))
         except (asyncio.CancelledError, RouterRejected):
             await self._send_quietly({"type": "router.cancel", "request_id": request_id})
             raise
@@ -360,9 +358,7 @@ class RouterClient:
         if answer["type"] == "router.accepted":
             try:
                 async with asyncio.timeout(CALL_TIMEOUT):
-                    answer = await self._until_router_gone(
-                        self.layer.receive(reply), answer.get("boot")
-                    )
+                    answer = await self._until_router_gone(self._receive(reply), answer.get("boot"))
             except TimeoutError:
                 raise router_unavailable() from None
         body: dict[str, Any] = answer["body"]
@@ -397,10 +393,16 @@ class RouterClient:
     async def _first_answer(self, reply: str) -> dict[str, Any]:
         try:  # not wait_for: on Python 3.11 that makes a task per call (every acquire)
             async with asyncio.timeout(self.timeout):
-                answer: dict[str, Any] = await self.layer.receive(reply)
-                return answer
+                return await self._receive(reply)
         except TimeoutError:
             raise router_unavailable() from None
+
+    async def _receive(self, reply: str) -> dict[str, Any]:
+        """The next answer on ``reply``; a layer's reconnect notice (layers.py) is no answer."""
+        while True:
+            answer: dict[str, Any] = await self.layer.receive(reply)
+            if answer.get("type") != "layer.reconnected":
+                return answer
 
     async def _until_router_gone(self, wait: Awaitable[T], boot: str | None) -> T:
         """Await ``wait``; raise 503 as soon as the router that answered is dead or replaced."""

@@ -46,6 +46,8 @@ AUDIT_POLL = 3.0  # seconds between two reads of new audit rows when nothing hap
 AUDIT_FAST = 0.5  # ... and for a few seconds after a lifecycle event
 ROLE_RECHECK = 30.0  # seconds between two checks that the user still has a role
 FEED_ROWS = 12
+SNAPSHOT_RETRY = 1.0  # seconds before asking an unavailable router again (doubling)
+SNAPSHOT_RETRY_MAX = 10.0
 QUIET_EVENTS = frozenset({"memory.sample", "model.log"})  # no audit row follows these
 CLOSE_FORBIDDEN = 4403
 
@@ -95,7 +97,11 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.wants_memory = query.get("memory", ["1"])[0] != "0"  # the logs page needs none
         await self.accept()
-        await self.channel_layer.group_add(bridge.EVENTS_GROUP, self.channel_name)
+        try:
+            await self.channel_layer.group_add(bridge.EVENTS_GROUP, self.channel_name)
+        except Exception as exc:  # Redis away: the snapshot loop below waits for the router
+            log.warning("dashboard: could not join the events group yet: %s", exc)
+            self._spawn(self._join_later())
         self._spawn(self._start())
 
     async def disconnect(self, code: int) -> None:
@@ -103,6 +109,18 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             task.cancel()
         with contextlib.suppress(Exception):
             await self.channel_layer.group_discard(bridge.EVENTS_GROUP, self.channel_name)
+
+    async def _join_later(self) -> None:
+        delay = 0.5
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self.channel_layer.group_add(bridge.EVENTS_GROUP, self.channel_name)
+            except Exception:
+                delay = min(delay * 2, SNAPSHOT_RETRY_MAX)
+                continue
+            self._resync()
+            return
 
     async def _start(self) -> None:
         await self._send_snapshot()
@@ -118,6 +136,10 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "event", "event": event})
         if event.get("type") not in QUIET_EVENTS:
             self.nudge.set()
+
+    async def layer_reconnected(self, message: dict[str, Any]) -> None:
+        """Redis came back (models_app.layers): events may have been lost, take a snapshot."""
+        self._resync()
 
     # ---- from the browser ---------------------------------------------------------------------
 
@@ -174,12 +196,22 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
                 return
 
     async def _send_snapshot(self) -> None:
-        answer = await common.call_router("snapshot")
-        presets = await database_sync_to_async(preset_facts)()
-        if answer.body is None:
+        """Send the router's snapshot; while it does not answer, say so and try again (with
+        back-off) until it does — a socket opened during an outage heals by itself."""
+        delay = SNAPSHOT_RETRY
+        while True:
+            answer = await common.call_router("snapshot")
+            try:
+                presets = await database_sync_to_async(preset_facts)()
+            except Exception:  # the database away: the page keeps its preset facts
+                presets = {}
+            if answer.body is not None:
+                snapshot = {"type": "snapshot", "snapshot": answer.body, "presets": presets}
+                await self.send_json(snapshot)
+                return
             await self.send_json({"type": "snapshot", "error": answer.error, "presets": presets})
-            return
-        await self.send_json({"type": "snapshot", "snapshot": answer.body, "presets": presets})
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, SNAPSHOT_RETRY_MAX)
 
     async def _send_memory(self) -> None:
         answer = await common.call_router("snapshot", what="memory")

@@ -5,7 +5,9 @@ it dies with it: each dashboard socket closes with 1011, and a Redis restart als
 group membership, so sockets that survive hear nothing afterwards. ``ResilientRedisLayer``
 waits instead (with back-off), then joins the channel's groups again, and hands the receiver one
 ``{"type": "layer.reconnected"}`` message: messages may have been lost while Redis was away, so
-a dashboard takes a fresh snapshot. Sends still raise: their callers answer 503 (the bridge).
+a dashboard takes a fresh snapshot. A send that meets a connection Redis dropped when it
+restarted is tried once more on a fresh one; if Redis is really away it raises, and its caller
+answers 503 (the bridge).
 """
 
 from __future__ import annotations
@@ -38,6 +40,22 @@ class ResilientRedisLayer(RedisChannelLayer):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self._memberships: defaultdict[str, set[str]] = defaultdict(set)
         self.outages = 0
+
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        try:
+            await super().send(channel, message)
+        except Exception as exc:
+            if not outage(exc):
+                raise
+            await super().send(channel, message)  # a pooled connection from before a restart
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        try:
+            await super().group_send(group, message)
+        except Exception as exc:
+            if not outage(exc):
+                raise
+            await super().group_send(group, message)
 
     async def group_add(self, group: str, channel: str) -> None:
         self._memberships[channel].add(group)

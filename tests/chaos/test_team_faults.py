@@ -1,0 +1,398 @@
+"""Team mode under faults: Redis and router outages heal by themselves (issue 12).
+
+A real PostgreSQL database, a ``redis-server`` of the test's own on a spare port (never the
+machine's shared one: these tests kill it), ``runrouter`` and ``serve --no-router`` as a user
+runs them, simulated children. Each test breaks one thing and measures what a client sees and
+how long the system takes to serve again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests.chaos.conftest import RedisServer, chat, record, redis_server_available
+from tests.services.conftest import pg_database  # noqa: F401  (a fixture)
+from tests.serving import ROOT, Server, free_port, run_manage, sim_preset, wait_until
+from tests.tiers import missing
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    if not redis_server_available():
+        missing("redis-server is not installed (Debian package redis-server)")
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+class Team:
+    """runrouter + serve --no-router on PostgreSQL and the test's Redis."""
+
+    def __init__(self, tmp_path: Path, database: str, redis: RedisServer) -> None:
+        self.tmp = tmp_path
+        self.redis = redis
+        self.marker = f"team-{tmp_path.name}"
+        self.env = {
+            "DATABASE_URL": database,
+            "REDIS_URL": redis.url,
+            "ROUTERPANEL_REDIS_PREFIX": f"rp-{uuid.uuid4().hex[:8]}",
+            "SECRET_KEY": "chaos-team-secret-not-for-production",
+        }
+        self.stack = ExitStack()
+
+    def router(self, presets: str, *extra: str, data: str = "router") -> Server:
+        ini = self.tmp / "models.ini"
+        ini.write_text(presets)
+        args = ["runrouter", "--models-preset", str(ini), *extra]
+        return self.stack.enter_context(
+            run_manage(args, self.tmp / data, env=self.env, ready="router running")
+        )
+
+    def web(self, name: str = "web", *extra: str) -> Server:
+        args = ["serve", "--no-router", *extra]
+        return self.stack.enter_context(
+            run_manage(args, self.tmp / name, env=self.env, port=free_port())
+        )
+
+    def preset(self, name: str, **kw: Any) -> str:
+        return sim_preset(name, self.marker, **kw)
+
+
+@contextmanager
+def team(tmp_path: Path, pg_database: str, redis: RedisServer) -> Iterator[Team]:  # noqa: F811
+    t = Team(tmp_path, pg_database, redis)
+    with t.stack:
+        yield t
+
+
+def post_chat(url: str, model: str, timeout: float = 30, **kw: Any) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", json=chat(model, **kw), timeout=timeout)
+
+
+def children_pids(router: Server) -> set[int]:
+    try:
+        kids = psutil.Process(router.process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return set()
+    return {k.pid for k in kids if "routerpanel.router.simserver" in " ".join(k.cmdline())}
+
+
+def probe_during(url: str, seconds: float, model: str) -> list[tuple[float, int, float]]:
+    """Send a chat every 0.25 s for ``seconds``: (start, status, how long it took)."""
+    out = []
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        t0 = time.monotonic()
+        try:
+            status = post_chat(url, model, timeout=20).status_code
+        except httpx.HTTPError:
+            status = 0  # no answer at all
+        out.append((t0 - started, status, time.monotonic() - t0))
+        time.sleep(0.25)
+    return out
+
+
+def until_served(url: str, model: str, timeout: float = 30) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            if post_chat(url, model, timeout=10).status_code == 200:
+                return time.monotonic() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{model} not served within {timeout} s")
+
+
+@pytest.mark.parametrize("outage", [1.0, 10.0])
+def test_the_router_outlives_a_redis_outage_and_serves_again(
+    tmp_path: Path,
+    pg_database: str,  # noqa: F811
+    redis: RedisServer,
+    outage: float,
+) -> None:
+    with team(tmp_path, pg_database, redis) as t:
+        router = t.router(t.preset("a"))
+        web = t.web()
+        assert post_chat(web.url, "a").status_code == 200
+        before = children_pids(router)
+        redis.kill()
+        killed = time.monotonic()
+        during = probe_during(web.url, outage, "a")
+        redis.start()
+        back = time.monotonic()
+        recovered = until_served(web.url, "a")
+        assert router.process.poll() is None, router.output()[-2000:]  # it never exited
+        assert children_pids(router) == before  # and kept its child
+        statuses = {s for _, s, _ in during}
+        assert statuses <= {200, 503}, during  # never a 500, never a hang
+        assert all(took < 7 for _, _, took in during), during
+        assert recovered < 5.0, f"served again {recovered:.1f} s after Redis returned"
+        outage_rows = _rows(pg_database, "outage")
+        wait_until(lambda: _rows(pg_database, "outage"), 15, "the outage's audit row")
+        outage_rows = _rows(pg_database, "outage")
+        assert "Redis was unreachable" in outage_rows[-1]["reason"]
+        record(
+            f"Redis down {outage:g} s (team mode)", answers_during=sorted(statuses),
+            slowest_answer_s=round(max(took for _, _, took in during), 2),
+            served_again_after_redis_back_s=round(recovered, 2),
+            router_exited=False, children_kept=True,
+            outage_total_s=round(back - killed + recovered, 2),
+        )  # fmt: skip
+
+
+def test_a_redis_blip_keeps_the_dashboard_socket_open_and_resyncs(
+    tmp_path: Path,
+    pg_database: str,  # noqa: F811
+    redis: RedisServer,
+) -> None:
+    import websockets
+
+    with team(tmp_path, pg_database, redis) as t:
+        t.router(t.preset("a"))
+        web = t.web()
+        cookies = _login(web.url)
+
+        async def watch() -> dict[str, Any]:
+            ws_url = web.url.replace("http", "ws") + "/ws/dashboard/?memory=0"
+            headers = {"Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())}
+            async with websockets.connect(ws_url, origin=web.url, additional_headers=headers) as ws:
+                first = await _next_of(ws, "snapshot", 20)
+                assert "snapshot" in first, first
+                await asyncio.to_thread(redis.kill)
+                await asyncio.sleep(0.1)
+                await asyncio.to_thread(redis.start)
+                blip = time.monotonic()
+                await asyncio.to_thread(post_chat, web.url, "a")  # an event after the blip
+                again = await _next_of(ws, "snapshot", 30, require_ok=True)
+                return {"resynced_after": time.monotonic() - blip, "snapshot": again}
+
+        outcome = asyncio.run(watch())
+        assert outcome["snapshot"]["snapshot"]["models"]
+        record("Redis restarted (0.1 s) under an open dashboard", socket_closed=False,
+               fresh_snapshot_after_s=round(outcome["resynced_after"], 2))  # fmt: skip
+
+
+def test_a_killed_router_answers_its_queued_requests_and_restarts_at_once(
+    tmp_path: Path,
+    pg_database: str,  # noqa: F811
+    redis: RedisServer,
+) -> None:
+    with team(tmp_path, pg_database, redis) as t:
+        presets = t.preset("a", token_ms=100) + t.preset("b")
+        router = t.router(presets, "--models-max", "1")
+        web = t.web()
+        streaming = threading.Thread(
+            target=lambda: post_chat(web.url, "a", tokens=200, stream=True, timeout=60)
+        )
+        streaming.start()
+        wait_until(lambda: b"loaded" in httpx.get(f"{web.url}/v1/models").content, 20, "a")
+        answer: dict[str, Any] = {}
+
+        def queued() -> None:
+            started = time.monotonic()
+            answer["response"] = post_chat(web.url, "b", timeout=60)
+            answer["took"] = time.monotonic() - started
+
+        waiter = threading.Thread(target=queued)
+        waiter.start()
+        time.sleep(1.0)  # b waits behind the busy a
+        router.process.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        router.process.wait(10)
+        waiter.join(20)
+        response = answer["response"]
+        answered_after = time.monotonic() - killed
+        assert response.status_code == 503, response.text
+        assert answered_after < 10.0
+        assert "router unavailable" in response.json()["error"]["message"]
+        ready = httpx.get(f"{web.url}/ready", timeout=10)
+        assert ready.status_code == 503
+
+        started = time.monotonic()
+        t.router(presets, "--models-max", "1")  # same data dir: the dead owner is replaced
+        restart = time.monotonic() - started
+        served = until_served(web.url, "b", 30)
+        streaming.join(30)
+        record(
+            "runrouter killed with SIGKILL (team mode)",
+            queued_request_answered_503_after_s=round(answered_after, 2),
+            restart_refused=False, restart_took_s=round(restart, 2),
+            served_again_after_restart_s=round(served, 2),
+        )  # fmt: skip
+
+
+def test_a_request_refused_while_the_router_was_frozen_never_runs_later(
+    tmp_path: Path,
+    pg_database: str,  # noqa: F811
+    redis: RedisServer,
+) -> None:
+    with team(tmp_path, pg_database, redis) as t:
+        router = t.router(t.preset("a") + t.preset("b"), "--models-max", "1")
+        web = t.web()
+        assert post_chat(web.url, "a").status_code == 200
+        os.kill(router.process.pid, signal.SIGSTOP)  # alive for Redis, deaf to messages
+        try:
+            response = post_chat(web.url, "b", timeout=30)
+            load = httpx.post(f"{web.url}/models/load", json={"model": "b"}, timeout=30)
+        finally:
+            os.kill(router.process.pid, signal.SIGCONT)
+        assert response.status_code == 503 and load.status_code == 503
+        wait_until(lambda: _rows(pg_database, "message_expired"), 20, "the expired row")
+        time.sleep(1.0)
+        models = httpx.get(f"{web.url}/v1/models", timeout=10).json()["data"]
+        states = {m["id"]: m["status"]["value"] for m in models}
+        assert states["b"] == "unloaded" and states["a"] == "loaded"  # no ghost swap
+        [row] = _rows(pg_database, "message_expired")
+        counts = json.loads(row["details"])["counts"] if isinstance(row["details"], str) \
+            else row["details"]["counts"]  # fmt: skip
+        assert counts.get("router.acquire", 0) >= 1
+        metrics = httpx.get(f"{web.url}/metrics", timeout=10).text
+        assert re.search(
+            r'routerpanel_expired_messages_total\{type="router.acquire"\} [1-9]', metrics
+        )
+        record("router frozen (SIGSTOP) while requests arrive", client_saw=503,
+               executed_later=False, audit_row="message_expired")  # fmt: skip
+
+
+def test_the_database_closing_loses_no_audit_row(
+    tmp_path: Path,
+    pg_database: str,  # noqa: F811
+    redis: RedisServer,
+) -> None:
+    import psycopg
+
+    from tests.services.conftest import PG_ADMIN_URL
+
+    name = pg_database.rsplit("/", 1)[1]
+    with team(tmp_path, pg_database, redis) as t:
+        t.router(t.preset("a") + t.preset("b"), "--models-max", "1")
+        web = t.web()
+        assert post_chat(web.url, "a").status_code == 200
+        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True)
+        before = len(_rows(pg_database, "eviction"))
+        try:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()", (name,),
+            )  # fmt: skip
+            swaps = [post_chat(web.url, m).status_code for m in ("b", "a", "b", "a")]
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            admin.close()
+        reopened = time.monotonic()
+        assert swaps == [200, 200, 200, 200]  # serving does not need the database
+        wait_until(lambda: len(_rows(pg_database, "eviction")) >= before + 4, 60, "4 evictions")
+        stored_after = time.monotonic() - reopened
+        wait_until(lambda: _rows(pg_database, "outage"), 30, "the outage row")
+        record(
+            "PostgreSQL refuses connections during 4 swaps (team mode)",
+            requests_served=4,
+            audit_rows_lost=0,
+            stored_after_reopen_s=round(stored_after, 2),
+        )
+
+
+def test_two_web_processes_started_together_on_a_fresh_database(
+    tmp_path: Path,
+    pg_database: str,  # noqa: F811
+    redis: RedisServer,
+) -> None:
+    env = {**os.environ, "DATABASE_URL": pg_database, "REDIS_URL": redis.url}
+    procs = []
+    ports = [free_port(), free_port()]
+    for i, port in enumerate(ports):
+        data = tmp_path / f"w{i}"
+        data.mkdir()
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "manage.py", "serve", "--no-router", "--port", str(port)],
+                cwd=ROOT,
+                env={
+                    **env,
+                    "ROUTERPANEL_DATA_DIR": str(data),
+                    "ROUTERPANEL_ADMIN_PASSWORD": "twin-start",
+                },
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        )
+    try:
+        for port in ports:
+            wait_until(lambda p=port: _healthy(p), 90, "both web processes")
+        assert all(p.poll() is None for p in procs)
+        admins = _query(pg_database, "SELECT count(*) FROM auth_user WHERE is_superuser")
+        assert admins == [(1,)]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        outputs = [p.communicate(timeout=30)[0].decode() for p in procs]
+    assert not any("IntegrityError" in out or "Traceback" in out for out in outputs), outputs
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _query(database: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(database) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def _rows(database: str, kind: str) -> list[dict[str, Any]]:
+    import psycopg
+    from psycopg.rows import dict_row
+
+    try:
+        with psycopg.connect(database, row_factory=dict_row, connect_timeout=3) as conn:
+            sql = "SELECT * FROM models_app_auditevent WHERE kind = %s ORDER BY id"
+            return list(conn.execute(sql, (kind,)).fetchall())
+    except psycopg.OperationalError:
+        return []
+
+
+def _login(url: str) -> dict[str, str]:
+    with httpx.Client(base_url=url, timeout=10) as client:
+        page = client.get("/login/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+        assert token, page.text[:500]
+        done = client.post(
+            "/login/",
+            data={"username": "admin", "password": "test-only-password",
+                  "csrfmiddlewaretoken": token.group(1)},
+            headers={"Referer": f"{url}/login/", "Origin": url},
+        )  # fmt: skip
+        assert done.status_code in (200, 302), done.status_code
+        assert "sessionid" in client.cookies, "login failed"
+        return dict(client.cookies)
+
+
+async def _next_of(ws: Any, kind: str, timeout: float, require_ok: bool = False) -> Any:
+    async with asyncio.timeout(timeout):
+        while True:
+            message = json.loads(await ws.recv())
+            if message.get("type") == kind and (not require_ok or "snapshot" in message):
+                return message
