@@ -322,18 +322,12 @@ def test_two_web_processes_started_together_on_a_fresh_database(
     for i, port in enumerate(ports):
         data = tmp_path / f"w{i}"
         data.mkdir()
+        own = {**env, "ROUTERPANEL_DATA_DIR": str(data), "ROUTERPANEL_ADMIN_PASSWORD": "twin"}
+        command = [sys.executable, "manage.py", "serve", "--no-router", "--port", str(port)]
         procs.append(
             subprocess.Popen(
-                [sys.executable, "manage.py", "serve", "--no-router", "--port", str(port)],
-                cwd=ROOT,
-                env={
-                    **env,
-                    "ROUTERPANEL_DATA_DIR": str(data),
-                    "ROUTERPANEL_ADMIN_PASSWORD": "twin-start",
-                },
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                command, cwd=ROOT, env=own, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
         )
     try:
         for port in ports:
