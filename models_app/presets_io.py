@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from models_app import audit
+from models_app import audit, server_options
 from models_app.models import Preset, RouterSettings
 from routerpanel.router import ini, presets
 
@@ -65,7 +65,12 @@ def import_presets(
     global options when the file has one (and clears them under ``replace``). Every change is
     audited in the same transaction as ``actor`` (default: the user, else ``cli``).
     """
-    parsed = presets.parse_presets(text, source)
+    parsed = presets.parse_presets(
+        text,
+        source,
+        default_bin=server_options.default_program(),
+        options_for=server_options.options_for,
+    )
     report = ImportReport(warnings=[str(w) for w in parsed.warnings], dry_run=dry_run)
     actor = actor or (audit.actor_of(user) if user is not None else "cli")
     try:
@@ -87,6 +92,8 @@ def _apply(
     source: str,
     actor: str,
 ) -> None:
+    # [*] first: each preset's options are checked against the program [*] names (server-bin).
+    _apply_global(parsed, report, replace=replace, actor=actor)
     existing = {p.name: p for p in Preset.objects.select_for_update()}
     for definition in parsed.presets:
         row = existing.get(definition.name)
@@ -114,6 +121,11 @@ def _apply(
                 audit.record_preset_change(before, None, actor)
                 report.deleted.append(name)
     _check_stored_aliases(source)
+
+
+def _apply_global(
+    parsed: presets.ParsedPresets, report: ImportReport, *, replace: bool, actor: str
+) -> None:
     settings_row = RouterSettings.load()
     if parsed.global_def is not None or replace:
         before_settings = audit.settings_state(settings_row)

@@ -34,10 +34,10 @@ def sim_preset(
     name: str, marker: str, *, load_ms: int = 50, token_ms: int = 0, extra: str = ""
 ) -> str:
     """An INI section running the simulated llama-server, tagged with ``marker`` in its argv
-    (it ignores the unknown flag) so that a test can count exactly its own children."""
+    (``--sim-tag``) so that a test can count exactly its own children."""
     return (
         f"[{name}]\nserver-bin = {SIMSERVER}\nsim-load-ms = {load_ms}\n"
-        f"sim-token-ms = {token_ms}\nstop-timeout = 3\ntest-marker = {marker}\n{extra}"
+        f"sim-token-ms = {token_ms}\nstop-timeout = 3\nsim-tag = {marker}\n{extra}"
     )
 
 

@@ -40,6 +40,29 @@ DEADLINE = 30.0  # generous: the machine is small and busy
 ROUTER_TIMEOUT = 1.0  # the bridge's "router unavailable" timeout, small for tests
 
 
+# ---- the llama-server the presets are checked against ---------------------------------------
+
+B11434_HELP = REPO / "tests/fixtures/llama-server-b11434-help.txt"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def llama_server_b11434(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Put a ``llama-server`` on PATH that prints b11434's ``--help`` (recorded from the real
+    build), so that preset keys are checked against b11434 whatever this machine has installed
+    (a newer llama-server on PATH would otherwise change what the app tier accepts)."""
+    bin_dir = tmp_path_factory.mktemp("llama-bin")
+    script = bin_dir / "llama-server"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'for arg in "$@"; do [ "$arg" = --help ] && exec cat "{B11434_HELP}"; done\n'
+        'echo "a stand-in for llama-server b11434: only --help works" >&2; exit 1\n'
+    )
+    script.chmod(0o755)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+        yield script
+
+
 # ---- the ASGI driver ------------------------------------------------------------------------
 
 
