@@ -113,6 +113,16 @@ def validate_server_bin(value: str) -> None:
         raise ValidationError(str(exc), code="invalid") from None
 
 
+class PresetSource(models.TextChoices):
+    """Where a preset came from; a reload removes presets whose source no longer names them."""
+
+    PANEL = "panel", "made in the panel"
+    IMPORT = "import", "imported from a preset file"
+    MODELS_PRESET = "models_preset", "the --models-preset file"
+    MODELS_DIR = "models_dir", "the --models-dir folder"
+    DEMO = "demo", "the simulated demo models"
+
+
 class Preset(models.Model):
     """One model the router can run: a section of llama.cpp's preset INI, plus our own keys."""
 
@@ -173,9 +183,23 @@ class Preset(models.Model):
         blank=True,
         validators=[validate_server_bin],
         help_text="Command to run instead of llama-server, split like a shell would but never "
-        "run through one. Its options are passed through as --key value.",
+        "run through one. Options are checked against what its --help lists.",
     )
     enabled = models.BooleanField(default=True)
+    source = models.CharField(
+        max_length=20,
+        choices=PresetSource.choices,
+        default=PresetSource.PANEL,
+        editable=False,
+        help_text="Where the preset came from. A preset from the --models-preset file or the "
+        "--models-dir folder goes when a reload no longer finds it there.",
+    )
+    source_path = models.CharField(
+        max_length=1000,
+        blank=True,
+        editable=False,
+        help_text="The file or folder it came from (absolute), for sources that have one.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     updated_by = models.ForeignKey(

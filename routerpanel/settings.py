@@ -149,6 +149,8 @@ ROUTERPANEL = {
     "DEFAULT_STOP_TIMEOUT": envint("ROUTERPANEL_STOP_TIMEOUT", 10, minimum=0),
     "SERVER_BIN": envstr("ROUTERPANEL_SERVER_BIN", "llama-server"),
     "ADMIN_PASSWORD": envstr("ROUTERPANEL_ADMIN_PASSWORD"),
+    # Seconds of silence after which /models/sse sends a ": keep-alive" comment line.
+    "SSE_KEEPALIVE": envint("ROUTERPANEL_SSE_KEEPALIVE", 15, minimum=1),
 }
 
 LOGGING = {
