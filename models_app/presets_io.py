@@ -186,8 +186,20 @@ def _check_stored_aliases(source: str) -> None:
     presets.check_aliases([p.to_def() for p in Preset.objects.all()], source)
 
 
-def export_presets(*, llama_compatible: bool = False, header: str = "") -> str:
-    """Render every stored preset (and ``[*]``) as a preset file."""
+def export_header(*, llama_compatible: bool = False) -> str:
+    """The comment an export starts with: the same for every export of the same presets (no
+    time, no user), so a preset file kept in version control changes only when they do."""
+    header = "RouterPanel presets (llama.cpp --models-preset format)"
+    if llama_compatible:
+        header += "\nllama.cpp-compatible: RouterPanel's own keys are left out"
+    return header
+
+
+def export_presets(*, llama_compatible: bool = False, header: str | None = None) -> str:
+    """Render every stored preset (and ``[*]``) as a preset file (deterministic: same presets,
+    same bytes)."""
+    if header is None:
+        header = export_header(llama_compatible=llama_compatible)
     settings_row = RouterSettings.load()
     definitions = [p.to_def() for p in Preset.objects.order_by("name")]
     return presets.render_presets(

@@ -229,8 +229,7 @@ def _numbered(text: str, bad: int) -> list[dict[str, Any]]:
 def preset_export(request: HttpRequest) -> HttpResponse:
     """``?llama=1``: only what ``llama-server --models-preset`` accepts."""
     llama = request.GET.get("llama") == "1"
-    header = f"RouterPanel presets, exported by {request.user.get_username()}"
-    text = presets_io.export_presets(llama_compatible=llama, header=header)
+    text = presets_io.export_presets(llama_compatible=llama)
     response = HttpResponse(text, content_type="text/plain; charset=utf-8")
     filename = "presets-llama.ini" if llama else "presets.ini"
     response["Content-Disposition"] = f'attachment; filename="{filename}"'

@@ -241,6 +241,39 @@ class TestExport:
         assert snapshot() == before
         assert RouterSettings.load().global_args == global_before
 
+    def test_an_export_is_the_same_bytes_until_the_presets_change(
+        self, ini_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import datetime
+
+        from django.utils import timezone
+
+        run("import_presets", str(ini_file))
+        first, second = tmp_path / "1.ini", tmp_path / "2.ini"
+        run("export_presets", "-o", str(first))
+        later = timezone.now() + datetime.timedelta(days=400)
+        monkeypatch.setattr(timezone, "now", lambda: later)  # a year on, another clock
+        run("export_presets", "-o", str(second))
+        assert first.read_bytes() == second.read_bytes()
+        assert first.read_text().startswith("; RouterPanel presets (llama.cpp --models-preset")
+        Preset.objects.filter(name="sim").update(ttl=1)
+        run("export_presets", "-o", str(second))
+        assert first.read_bytes() != second.read_bytes()
+
+    def test_the_panel_exports_the_same_file_for_every_user(self, ini_file: Path) -> None:
+        from django.contrib.auth import get_user_model
+        from django.test import Client
+
+        run("import_presets", str(ini_file))
+        bodies = []
+        for name in ("ada", "bob"):
+            user = get_user_model().objects.create_superuser(name, password="pw-for-tests-1")
+            client = Client()
+            client.force_login(user)
+            bodies.append(client.get("/presets/export/").content)
+        assert bodies[0] == bodies[1]
+        assert bodies[0] == export_presets().encode()
+
     def test_it_writes_to_standard_output(self, ini_file: Path) -> None:
         run("import_presets", str(ini_file))
         out, _ = run("export_presets")
