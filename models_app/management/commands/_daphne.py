@@ -5,9 +5,11 @@ Imported only when ``serve`` runs: importing ``daphne.server`` installs Twisted'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from daphne.server import Server
+from twisted.python.failure import Failure
 from twisted.web import http
 
 
@@ -25,3 +27,17 @@ class RouterPanelServer(Server):  # type: ignore[misc]
         if isinstance(protocol, http.Request):
             protocol._parsePOSTFormSubmission = False
         super().protocol_connected(protocol)
+
+    # ``serve`` prints its URL once every endpoint listens, and reports a failed listen itself
+    # (one line and a non-zero exit) instead of Daphne's CRITICAL log line and a clean exit.
+    on_listening: Callable[[], None] | None = None
+    listen_failure: BaseException | None = None
+
+    def listen_success(self, port: Any) -> None:
+        super().listen_success(port)
+        if len(self.listening_addresses) == len(self.endpoints) and self.on_listening:
+            self.on_listening()
+
+    def listen_error(self, failure: Failure) -> None:
+        self.listen_failure = failure.value
+        self.stop()
