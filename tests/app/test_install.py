@@ -51,6 +51,11 @@ class TestLockFile:
         assert all("--hash=sha256:" in entry for entry in entries)
         assert "twisted" in locked() and "kombu" in locked()
 
+    def test_the_image_installs_the_locked_versions(self) -> None:
+        dockerfile = (REPO / "Dockerfile").read_text()
+        assert "COPY pyproject.toml README.md requirements.lock ./" in dockerfile
+        assert "pip install --constraint requirements.lock ." in dockerfile
+
     def test_make_installs_from_it_and_lock_refreshes_it(self) -> None:
         makefile = (REPO / "Makefile").read_text()
         assert "pip install --quiet --require-hashes -r $(LOCK)" in makefile
