@@ -34,6 +34,7 @@ from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore, KeyTable
 from models_app.bridge import RouterClient
 from tests.app.fake_router import FakeRouter
+from tests.serving import llama_server_stand_in
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0  # generous: the machine is small and busy
@@ -42,8 +43,6 @@ ROUTER_TIMEOUT = 1.0  # the bridge's "router unavailable" timeout, small for tes
 
 # ---- the llama-server the presets are checked against ---------------------------------------
 
-B11434_HELP = REPO / "tests/fixtures/llama-server-b11434-help.txt"
-
 
 @pytest.fixture(autouse=True, scope="session")
 def llama_server_b11434(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
@@ -51,13 +50,7 @@ def llama_server_b11434(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
     build), so that preset keys are checked against b11434 whatever this machine has installed
     (a newer llama-server on PATH would otherwise change what the app tier accepts)."""
     bin_dir = tmp_path_factory.mktemp("llama-bin")
-    script = bin_dir / "llama-server"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'for arg in "$@"; do [ "$arg" = --help ] && exec cat "{B11434_HELP}"; done\n'
-        'echo "a stand-in for llama-server b11434: only --help works" >&2; exit 1\n'
-    )
-    script.chmod(0o755)
+    script = llama_server_stand_in(bin_dir)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
         yield script
