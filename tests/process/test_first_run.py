@@ -80,6 +80,20 @@ class TestFirstScreen:
         ]
         assert noise == []
 
+    def test_a_second_start_warns_about_no_binary_its_presets_do_not_use(
+        self, tmp_path: Path
+    ) -> None:
+        # Every demo preset has its own server-bin: a missing llama-server concerns none (W001).
+        data = tmp_path / "data"
+        missing = {"ROUTERPANEL_SERVER_BIN": "no-such-llama-server"}  # the default: not there
+        for _ in range(2):
+            with run_manage(
+                ["serve", "--demo"], data, port=free_port(), env=missing, ready="RouterPanel on"
+            ) as server:
+                output = server.output()
+        assert "W001" not in output and "is not on PATH" not in output
+        assert "with password" not in output  # shown the first time only
+
 
 class TestBusyPort:
     def test_it_fails_with_one_line_naming_the_port_and_changes_nothing(
