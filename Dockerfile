@@ -9,11 +9,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     ROUTERPANEL_DATA_DIR=/data
 
 WORKDIR /app
-# Dependencies first, so that a code change does not reinstall them.
-COPY pyproject.toml README.md ./
+# Dependencies first, so that a code change does not reinstall them; every version, direct and
+# transitive, is the one requirements.lock pins (the image leaves out the test tools).
+COPY pyproject.toml README.md requirements.lock ./
 RUN mkdir -p routerpanel models_app \
     && touch routerpanel/__init__.py models_app/__init__.py \
-    && pip install . \
+    && pip install --constraint requirements.lock . \
     && pip uninstall --yes routerpanel
 COPY manage.py ./
 COPY routerpanel ./routerpanel

@@ -1,21 +1,31 @@
 # The two commands a newcomer needs: `make run` and `make test`. Each sets itself up first.
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV := .venv
+# Python 3.11, 3.12 or 3.13: the newest one found on PATH, or PYTHON=/path/to/python3.x.
+PYTHON ?= $(shell tools/find_python.sh)
+VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8080
+# Every install takes the exact versions (and hashes) of requirements.lock; `make lock` refreshes
+# it from pyproject.toml for every supported Python at once.
+LOCK := requirements.lock
 
-.PHONY: run test lint setup clean
+.PHONY: run test lint setup lock clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "RouterPanel needs Python 3.11 (set PYTHON=/path/to/python3.11)")'
+$(STAMP): pyproject.toml $(LOCK)
+	@test -n "$(PYTHON)" || { echo "RouterPanel needs Python 3.11, 3.12 or 3.13 and found none on PATH; set PYTHON=/path/to/python3.x" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 11) <= v <= (3, 13) else "RouterPanel needs Python 3.11, 3.12 or 3.13, not %d.%d (set PYTHON=/path/to/python3.x)" % v)'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --require-hashes -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+lock: $(STAMP)
+	$(VENV)/bin/uv pip compile pyproject.toml --extra test --universal --python-version 3.11 \
+		--generate-hashes --custom-compile-command "make lock" --quiet -o $(LOCK)
 
 run: $(STAMP)
 	$(PY) manage.py serve --demo-if-empty --host $(HOST) --port $(PORT) $(ARGS)

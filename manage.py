@@ -19,7 +19,15 @@ def main() -> None:
     apply_data_dir(sys.argv)
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(sys.argv)
+    from routerpanel.env import EnvError
+
+    try:
+        execute_from_command_line(sys.argv)
+    except EnvError as exc:
+        # A variable that does not parse (the settings read them at import): the message names
+        # it, and a traceback would only bury that line.
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -68,22 +68,56 @@ def check_data_dir(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 @register()
 def check_server_bin(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
-    from models_app import runtime
+    """W001 when the default server binary is missing and a stored preset would run it.
 
-    command = runtime.OPTIONS.server_bin or settings.ROUTERPANEL["SERVER_BIN"]
+    Presets with a server-bin of their own, or under a ``[*]`` that names one, never run the
+    default, so a missing ``llama-server`` matters only to the others. Before the database
+    exists (first start) there is nothing to run yet, and ``serve`` says what it will do.
+    """
+    users, command = _presets_running_the_default()
+    if not users:
+        return []
     try:
         program = shlex.split(command)[0]
     except (ValueError, IndexError):
         program = command
     if shutil.which(program) is None:
+        shown = ", ".join(users[:3]) + (f" and {len(users) - 3} more" if len(users) > 3 else "")
         return [
             Warning(
-                f"The server binary {program!r} is not on PATH.",
-                hint="Set ROUTERPANEL_SERVER_BIN, pass serve --server-bin, or try serve --demo.",
+                f"The server binary {program!r} is not on PATH; presets {shown} run it.",
+                hint="Set ROUTERPANEL_SERVER_BIN, pass serve --server-bin, or give those presets "
+                "a server-bin (in [*] for all of them).",
                 id="routerpanel.W001",
             )
         ]
     return []
+
+
+def _presets_running_the_default() -> tuple[list[str], str]:
+    """Return the enabled presets the default binary runs, and that binary's command.
+
+    Read-only (a check must not write), and ([], "") while the database has no tables yet.
+    """
+    from django.db import DatabaseError, connection
+
+    from models_app import runtime
+    from models_app.models import Preset, RouterSettings
+
+    try:
+        if Preset._meta.db_table not in connection.introspection.table_names():
+            return [], ""
+        row = RouterSettings.objects.filter(pk=1).first()
+        command = runtime.OPTIONS.server_bin or (
+            row.server_binary if row is not None else settings.ROUTERPANEL["SERVER_BIN"]
+        )
+        global_def = row.global_def() if row is not None else None
+        if global_def is not None and global_def.server_bin:
+            return [], command
+        rows = Preset.objects.filter(enabled=True, server_bin="").order_by("name")
+        return list(rows.values_list("name", flat=True)), command
+    except (DatabaseError, ValueError):
+        return [], ""
 
 
 @register()

@@ -122,13 +122,19 @@ PairFormSet = formset_factory(PairRowForm, formset=BasePairFormSet, extra=2)
 
 
 def pair_formset(
-    prefix: str, pairs: list[list[str]], data: Any = None, *, passthrough: bool = False
+    prefix: str,
+    pairs: list[list[str]],
+    data: Any = None,
+    *,
+    catalogue: options.Catalogue | None = None,
 ) -> BasePairFormSet:
+    """Rows of ``key = value``; option rows are checked against ``catalogue`` (the options of
+    the program that runs the preset; default b11434's)."""
     formset = PairFormSet(
         data=data, prefix=prefix, initial=[{"key": k, "value": v} for k, v in pairs]
     )
     if prefix == "args":
-        formset.check = lambda pair: validate_args(pair, passthrough=passthrough)
+        formset.check = lambda pair: validate_args(pair, catalogue)
     else:
         formset.check = validate_env
     return formset

@@ -65,25 +65,37 @@ def validate_pairs(value: Any, *, what: str = "option") -> list[tuple[str, str]]
     return pairs
 
 
-def validate_args(value: Any, *, passthrough: bool = False) -> None:
-    """Check preset args: known llama-server options unless another server binary runs them."""
+def validate_args(value: Any, catalogue: options.Catalogue | None = None) -> list[str]:
+    """Check preset args against what the preset's program accepts (default: b11434).
+
+    Raise ValidationError for a key that program does not accept; return warnings for keys
+    accepted unchecked (its options could not be read) or ignored (router flags, §11.15).
+    """
+    known = catalogue or options.builtin()
+    warnings: list[ini.IniWarning] = []
     for key, _ in validate_pairs(value):
         if key in PAIR_RESERVED_KEYS or key.startswith(presets.ENV_PREFIX):
             raise ValidationError(
                 f"{key} has its own field; set it there instead of in the options.",
                 code="own_field",
             )
-        found = options.lookup(key)
-        if found is not None and found[0].key in ("alias", "model"):
+        try:
+            found = presets.check_option(key, "", known, 0, warnings)
+        except ValueError:
+            raise ValidationError(_unknown_option(key, known), code="unknown_option") from None
+        if found is not None and found.key in ("alias", "model"):
             raise ValidationError(
-                f"{key} has its own field ({found[0].key}); set it there.", code="own_field"
+                f"{key} has its own field ({found.key}); set it there.", code="own_field"
             )
-        if found is None and not passthrough:
-            raise ValidationError(
-                f"llama-server has no option '{key}'. Use an option name without dashes, "
-                "such as ctx-size, n-gpu-layers or temp.",
-                code="unknown_option",
-            )
+    return [w.message for w in warnings]
+
+
+def _unknown_option(key: str, catalogue: options.Catalogue) -> str:
+    program = "llama-server"
+    if isinstance(catalogue, options.OptionTable) and catalogue is not options.builtin():
+        program = catalogue.origin
+    example = "such as ctx-size, n-gpu-layers or temp" if "llama" in program else "from its --help"
+    return f"{program} has no option '{key}'. Use an option name without dashes, {example}."
 
 
 def validate_env(value: Any) -> None:
@@ -99,6 +111,16 @@ def validate_server_bin(value: str) -> None:
         presets.check_server_bin(value)
     except ValueError as exc:
         raise ValidationError(str(exc), code="invalid") from None
+
+
+class PresetSource(models.TextChoices):
+    """Where a preset came from; a reload removes presets whose source no longer names them."""
+
+    PANEL = "panel", "made in the panel"
+    IMPORT = "import", "imported from a preset file"
+    MODELS_PRESET = "models_preset", "the --models-preset file"
+    MODELS_DIR = "models_dir", "the --models-dir folder"
+    DEMO = "demo", "the simulated demo models"
 
 
 class Preset(models.Model):
@@ -161,9 +183,23 @@ class Preset(models.Model):
         blank=True,
         validators=[validate_server_bin],
         help_text="Command to run instead of llama-server, split like a shell would but never "
-        "run through one. Its options are passed through as --key value.",
+        "run through one. Options are checked against what its --help lists.",
     )
     enabled = models.BooleanField(default=True)
+    source = models.CharField(
+        max_length=20,
+        choices=PresetSource.choices,
+        default=PresetSource.PANEL,
+        editable=False,
+        help_text="Where the preset came from. A preset from the --models-preset file or the "
+        "--models-dir folder goes when a reload no longer finds it there.",
+    )
+    source_path = models.CharField(
+        max_length=1000,
+        blank=True,
+        editable=False,
+        help_text="The file or folder it came from (absolute), for sources that have one.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     updated_by = models.ForeignKey(
@@ -177,12 +213,17 @@ class Preset(models.Model):
         return self.name
 
     def clean(self) -> None:
+        from models_app import server_options
+
         errors: dict[str, list[ValidationError]] = {}
-        for field_name, check in (
-            ("args", lambda v: validate_args(v, passthrough=bool(self.server_bin))),
-            ("env", validate_env),
-            ("aliases", _validate_aliases),
-        ):
+        self.option_warnings: list[str] = []
+        try:
+            self.option_warnings = validate_args(
+                self.args, server_options.catalogue_for(self.server_bin)
+            )
+        except ValidationError as exc:
+            errors.setdefault("args", []).append(exc)
+        for field_name, check in (("env", validate_env), ("aliases", _validate_aliases)):
             try:
                 check(getattr(self, field_name))
             except ValidationError as exc:
@@ -328,13 +369,24 @@ class RouterSettings(models.Model):
         return row
 
     def clean(self) -> None:
+        from models_app import server_options
+
         try:
-            self.global_def()
+            stored = self.global_def()
+            program = presets.program_of("", stored, server_options.default_program())
+            self._global_def(server_options.options_for(program))
         except ValueError as exc:
             raise ValidationError({"global_args": str(exc)}) from None
 
     def global_def(self) -> presets.PresetDef | None:
-        """The ``[*]`` section as a definition; raises ``ValueError`` naming a bad key."""
+        """The ``[*]`` section as a definition; raises ``ValueError`` for a malformed value.
+
+        Its option names were checked when they were stored (``clean``, or the import) against
+        the program they were meant for, so they are not checked again here.
+        """
+        return self._global_def(options.Unreadable("[*]", "checked when stored"))
+
+    def _global_def(self, catalogue: options.Catalogue) -> presets.PresetDef | None:
         try:
             pairs = validate_pairs(self.global_args)
         except ValidationError as exc:
@@ -344,7 +396,7 @@ class RouterSettings(models.Model):
         section = ini.Section(ini.GLOBAL_SECTION, ini.GLOBAL_SECTION)
         for key, value in pairs:
             section.set(key, value)
-        return presets.section_to_def(section, "[*]")
+        return presets.section_to_def(section, "[*]", None, catalogue)
 
     def set_global_def(self, preset: presets.PresetDef | None) -> None:
         if preset is None:

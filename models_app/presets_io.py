@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from models_app import audit
-from models_app.models import Preset, RouterSettings
+from models_app import audit, server_options
+from models_app.models import Preset, PresetSource, RouterSettings
 from routerpanel.router import ini, presets
 
 
@@ -50,6 +50,21 @@ class _DryRun(Exception):
     """Raised inside the transaction to roll a dry run back."""
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where the presets of an import come from (``Preset.source`` and ``source_path``).
+
+    ``owns`` makes the file the presets' owner: every preset it names takes this origin, and
+    presets of this origin that it no longer names are deleted (the ``--models-preset`` file
+    on a reload, as llama.cpp erases entries gone from every source, ROUTER_SPEC 2.20).
+    Otherwise only the presets it creates take the origin.
+    """
+
+    source: str = PresetSource.IMPORT
+    path: str = ""
+    owns: bool = False
+
+
 def import_presets(
     text: str | bytes,
     *,
@@ -58,19 +73,27 @@ def import_presets(
     dry_run: bool = False,
     user: object | None = None,
     actor: str | None = None,
+    origin: Origin = Origin(),
 ) -> ImportReport:
     """Apply a preset file; raise ``ini.IniError`` (naming the line) and change nothing on error.
 
     ``replace`` deletes presets the file does not name. The ``[*]`` section replaces the stored
     global options when the file has one (and clears them under ``replace``). Every change is
     audited in the same transaction as ``actor`` (default: the user, else ``cli``).
+    ``origin`` records where the presets came from (see ``Origin``).
     """
-    parsed = presets.parse_presets(text, source)
+    parsed = presets.parse_presets(
+        text,
+        source,
+        default_bin=server_options.default_program(),
+        options_for=server_options.options_for,
+    )
     report = ImportReport(warnings=[str(w) for w in parsed.warnings], dry_run=dry_run)
     actor = actor or (audit.actor_of(user) if user is not None else "cli")
     try:
         with transaction.atomic():
             _apply(parsed, report, replace=replace, user=user, source=source, actor=actor)
+            _claim(parsed, report, origin, actor)
             if dry_run:
                 raise _DryRun
     except _DryRun:
@@ -87,6 +110,8 @@ def _apply(
     source: str,
     actor: str,
 ) -> None:
+    # [*] first: each preset's options are checked against the program [*] names (server-bin).
+    _apply_global(parsed, report, replace=replace, actor=actor)
     existing = {p.name: p for p in Preset.objects.select_for_update()}
     for definition in parsed.presets:
         row = existing.get(definition.name)
@@ -114,6 +139,28 @@ def _apply(
                 audit.record_preset_change(before, None, actor)
                 report.deleted.append(name)
     _check_stored_aliases(source)
+
+
+def _claim(parsed: presets.ParsedPresets, report: ImportReport, origin: Origin, actor: str) -> None:
+    """Record the origin of the presets the file names; delete those of it that it dropped."""
+    named = [d.name for d in parsed.presets]
+    claimed = named if origin.owns else report.created
+    Preset.objects.filter(name__in=claimed).update(source=origin.source, source_path=origin.path)
+    if not origin.owns:
+        return
+    gone = Preset.objects.filter(source=origin.source, source_path=origin.path).exclude(
+        name__in=named
+    )
+    for row in gone:
+        name, before = row.name, audit.preset_state(row)
+        row.delete()
+        audit.record_preset_change(before, None, actor)
+        report.deleted.append(name)
+
+
+def _apply_global(
+    parsed: presets.ParsedPresets, report: ImportReport, *, replace: bool, actor: str
+) -> None:
     settings_row = RouterSettings.load()
     if parsed.global_def is not None or replace:
         before_settings = audit.settings_state(settings_row)
@@ -139,8 +186,20 @@ def _check_stored_aliases(source: str) -> None:
     presets.check_aliases([p.to_def() for p in Preset.objects.all()], source)
 
 
-def export_presets(*, llama_compatible: bool = False, header: str = "") -> str:
-    """Render every stored preset (and ``[*]``) as a preset file."""
+def export_header(*, llama_compatible: bool = False) -> str:
+    """The comment an export starts with: the same for every export of the same presets (no
+    time, no user), so a preset file kept in version control changes only when they do."""
+    header = "RouterPanel presets (llama.cpp --models-preset format)"
+    if llama_compatible:
+        header += "\nllama.cpp-compatible: RouterPanel's own keys are left out"
+    return header
+
+
+def export_presets(*, llama_compatible: bool = False, header: str | None = None) -> str:
+    """Render every stored preset (and ``[*]``) as a preset file (deterministic: same presets,
+    same bytes)."""
+    if header is None:
+        header = export_header(llama_compatible=llama_compatible)
     settings_row = RouterSettings.load()
     definitions = [p.to_def() for p in Preset.objects.order_by("name")]
     return presets.render_presets(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -11,7 +12,8 @@ from typing import Any
 
 from django.db import transaction
 
-from models_app.models import Preset
+from models_app import audit
+from models_app.models import Preset, PresetSource
 
 DRAFT_PREFIXES = ("mtp-", "dspark-", "dflash-")
 _imported: dict[str, str] = {}  # --models-preset path -> digest of the text this process imported
@@ -68,10 +70,16 @@ def _scan_subdir(directory: Path) -> DirModel | None:
 
 @transaction.atomic
 def import_models_dir(directory: str) -> list[str]:
-    """Create or update a preset per model in ``directory``; return the names."""
+    """Create or update a preset per model in ``directory``; return the names.
+
+    Presets that came from this folder and whose model is gone from it are deleted, as
+    llama.cpp erases entries no source names any more (ROUTER_SPEC 2.20).
+    """
     names = []
+    where = os.path.abspath(directory)
     for found in scan_models_dir(directory):
         preset, _ = Preset.objects.get_or_create(name=found.name)
+        preset.source, preset.source_path = PresetSource.MODELS_DIR, where
         preset.model_path = found.model
         args = [pair for pair in preset.args if pair[0] not in ("mmproj", "model-draft")]
         if found.mmproj:
@@ -82,6 +90,11 @@ def import_models_dir(directory: str) -> list[str]:
         preset.full_clean()
         preset.save()
         names.append(found.name)
+    gone = Preset.objects.filter(source=PresetSource.MODELS_DIR, source_path=where)
+    for row in gone.exclude(name__in=names):
+        before = audit.preset_state(row)
+        row.delete()
+        audit.record_preset_change(before, None, "cli")
     return names
 
 
@@ -102,7 +115,9 @@ def simserver_command() -> str:
 def ensure_demo_presets() -> list[str]:
     """Create (or refresh) the demo presets; return their names."""
     for name, args in DEMO_MODELS:
-        preset, _ = Preset.objects.get_or_create(name=name)
+        preset, created = Preset.objects.get_or_create(name=name)
+        if created:
+            preset.source = PresetSource.DEMO
         preset.server_bin = simserver_command()
         preset.args = [[key, value] for key, value in args.items()]
         preset.memory_estimate = int(args["sim-rss-mb"]) << 20
@@ -122,7 +137,7 @@ def import_preset_file(path: str, stdout: Any) -> None:
     from django.core.management import call_command
 
     data = Path(path).read_bytes()
-    call_command("import_presets", path, stdout=stdout)
+    call_command("import_presets", path, "--as-models-preset", stdout=stdout)
     remember_preset_file(path, data)
 
 
@@ -136,10 +151,12 @@ def reimport_preset_file(path: str) -> bool:
 
     An unchanged file is not imported again, so edits made in the panel since then survive
     ``GET /models?reload=1``; a changed file is applied (all or nothing) and wins for the
-    presets it names. Return whether it was imported; raise ValueError for a missing file and
-    ``ini.IniError`` (naming the line) for a malformed one.
+    presets it names, and the presets it brought that it no longer names are deleted (the
+    router then stops them if they run, A14); presets made in the panel stay. Return whether
+    it was imported; raise ValueError for a missing file and ``ini.IniError`` (naming the line)
+    for a malformed one.
     """
-    from models_app.presets_io import import_presets
+    from models_app.presets_io import Origin, import_presets
 
     file = Path(path)
     if not file.exists():
@@ -147,6 +164,7 @@ def reimport_preset_file(path: str) -> bool:
     data = file.read_bytes()
     if _imported.get(path) == hashlib.sha256(data).hexdigest():
         return False
-    import_presets(data, source=path)
+    origin = Origin(PresetSource.MODELS_PRESET, os.path.abspath(path), owns=True)
+    import_presets(data, source=path, origin=origin)
     remember_preset_file(path, data)
     return True

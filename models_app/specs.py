@@ -11,6 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from models_app.models import Preset, RouterSettings
+from models_app.server_options import table_for
 from routerpanel.router import presets
 from routerpanel.router.config import PresetSpec, RouterConfig
 
@@ -81,7 +82,8 @@ def _spec(
         inherited = getattr(global_def, name) if global_def is not None else None
         return inherited if inherited is not None else default
 
-    argv = presets.render_argv(definition, global_def, default_bin)
+    program = presets.program_of(definition.server_bin, global_def, default_bin)
+    argv = presets.render_argv(definition, global_def, default_bin, table_for(program))
     env = dict(overrides.extra_env)
     env.update(global_def.env if global_def else ())
     env.update(definition.env)

@@ -133,7 +133,9 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-CELERY_BROKER_URL = REDIS_URL or "memory://"
+# Embedded mode never talks to a broker (tasks run inline); the in-memory URL names a host only
+# so that kombu does not warn "No hostname was supplied" on every start.
+CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
@@ -197,12 +199,22 @@ ROUTERPANEL = {
     "ADMIN_PASSWORD": envstr("ROUTERPANEL_ADMIN_PASSWORD"),
     # Seconds a request may take to arrive whole, headers and body, before it is answered 408.
     "BODY_TIMEOUT": envint("ROUTERPANEL_BODY_TIMEOUT", 30, minimum=1),
+    # Seconds of silence after which /models/sse sends a ": keep-alive" comment line.
+    "SSE_KEEPALIVE": envint("ROUTERPANEL_SSE_KEEPALIVE", 15, minimum=1),
 }
 
+LOG_LEVEL = envstr("LOG_LEVEL", "INFO").upper()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO").upper()},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    # A user's first screen is the URL and the password: at the default level, no line per task
+    # run inline (embedded mode; a team-mode worker logs its tasks itself) and none of Daphne's
+    # start-up chatter (serve prints the URL once the socket listens). LOG_LEVEL=DEBUG shows all.
+    "loggers": {
+        name: {"level": "WARNING" if LOG_LEVEL == "INFO" else LOG_LEVEL}
+        for name in ("celery.app.trace", "daphne.server")
+    },
 }

@@ -24,6 +24,23 @@ ROOT = Path(__file__).resolve().parents[1]
 SIMSERVER = f"{sys.executable} -m routerpanel.router.simserver"
 
 
+B11434_HELP = ROOT / "tests/fixtures/llama-server-b11434-help.txt"
+
+
+def llama_server_stand_in(directory: Path) -> Path:
+    """Write ``directory/llama-server``: it prints b11434's ``--help`` (recorded from the real
+    build) and refuses anything else. With it first on PATH, preset keys are checked against
+    b11434 whatever this machine has installed (another llama-server, or none)."""
+    script = directory / "llama-server"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'for arg in "$@"; do [ "$arg" = --help ] && exec cat "{B11434_HELP}"; done\n'
+        'echo "a stand-in for llama-server b11434: only --help works" >&2; exit 1\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -34,10 +51,10 @@ def sim_preset(
     name: str, marker: str, *, load_ms: int = 50, token_ms: int = 0, extra: str = ""
 ) -> str:
     """An INI section running the simulated llama-server, tagged with ``marker`` in its argv
-    (it ignores the unknown flag) so that a test can count exactly its own children."""
+    (``--sim-tag``) so that a test can count exactly its own children."""
     return (
         f"[{name}]\nserver-bin = {SIMSERVER}\nsim-load-ms = {load_ms}\n"
-        f"sim-token-ms = {token_ms}\nstop-timeout = 3\ntest-marker = {marker}\n{extra}"
+        f"sim-token-ms = {token_ms}\nstop-timeout = 3\nsim-tag = {marker}\n{extra}"
     )
 
 

@@ -291,6 +291,9 @@ class _NotFoundRewriter:
 
 def build_http_app(django_app: AsgiApp, **kwargs: Any) -> Api:
     """Return the HTTP ASGI app: our routes raw, the rest through ``django_app``."""
+    from django.conf import settings
+
     auth.connect_signals()
     kwargs.setdefault("login_failures", auth.LoginFailures())
+    kwargs.setdefault("config", ApiConfig(sse_keepalive=settings.ROUTERPANEL["SSE_KEEPALIVE"]))
     return Api(django_app, **kwargs)

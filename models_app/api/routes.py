@@ -8,6 +8,7 @@ an unknown model is 404 on ``/models/load`` (answered with the generic body, §9
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from models_app.api.app import Api
 
 HEALTH = b'{"status":"ok"}'
+RELOAD_STOP_GRACE = 5.0  # seconds past the stop-timeout a reload waits for a removed child
+RELOAD_POLL = 0.05
 
 
 async def health(api: Api, request: Request) -> None:
@@ -68,13 +71,39 @@ async def props(api: Api, request: Request) -> None:
 
 async def list_models(api: Api, request: Request) -> None:
     """§9.8: ``GET /models`` and ``GET /v1/models``; ``?reload=<anything>`` re-reads presets."""
+    removed: set[str] = set()
     if request.query("reload"):
         api.refuse_foreign_origin(request)  # a reload restarts changed models: it changes state
         # sources=True: re-read --models-preset/--models-dir too, as llama.cpp re-reads its
         # sources; the panel's reloads after an edit do not, so they never undo that edit.
-        await api.router.call("reload", actor=request.actor, sources=True)  # failure: 500
-    snapshot = await api.router.call("snapshot")
+        answer = await api.router.call("reload", actor=request.actor, sources=True)  # 500
+        removed = set(answer.get("removed") or ())
+    snapshot = await _until_stopped(api, removed)
     await request.respond_json(listing.render(snapshot.get("models") or (), time.time()))
+
+
+async def _until_stopped(api: Api, removed: set[str]) -> dict[str, Any]:
+    """Return a snapshot once the ``removed`` models' children have exited.
+
+    llama.cpp's reload blocks until the models it removes have stopped (§2.19), so its answer
+    no longer lists them. The wait is bounded by their stop-timeout plus a grace (a removed
+    model first finishes its in-flight requests); past it the listing shows them stopping. A
+    reload is rare and the wait short, so this polls the snapshot instead of holding an event
+    subscription.
+    """
+    loop = asyncio.get_running_loop()
+    deadline: float | None = None
+    while True:
+        snapshot = await api.router.call("snapshot")
+        left = [m for m in snapshot.get("models") or () if m.get("name") in removed]
+        if not left:
+            return snapshot
+        if deadline is None:
+            longest = max(float(m.get("stop_timeout") or 10) for m in left)
+            deadline = loop.time() + longest + RELOAD_STOP_GRACE
+        if loop.time() >= deadline:
+            return snapshot
+        await asyncio.sleep(RELOAD_POLL)
 
 
 async def load(api: Api, request: Request) -> None:

@@ -1,11 +1,13 @@
 """``GET /models/sse``: the router's events as llama.cpp's server-sent events (ROUTER_SPEC §10).
 
 Each event is one ``data: {"model", "event"[, "data"]}`` line and a blank line. As in llama.cpp
-nothing is sent on connect (no snapshot: clients read ``GET /models``), and a subscriber sees
-only events that happen after its stream opened (§10.2). Unlike llama.cpp, a comment line
-(``: keep-alive``) goes out when nothing else has for ``sse_keepalive`` seconds, so that proxies
-in front of us do not close an idle stream; SSE parsers ignore comments. The stream ends when the
-client disconnects.
+no event is sent on connect (no snapshot: clients read ``GET /models``), and a subscriber sees
+only events that happen after its stream opened (§10.2). The response headers go out at once,
+though, so a client of an idle router can tell a live stream from a dead server (the server
+writes them only with the first body bytes, so an empty body chunk pushes them out). Unlike
+llama.cpp, a comment line (``: keep-alive``) goes out whenever nothing else has for
+``sse_keepalive`` seconds, so that proxies in front of us do not close an idle stream; SSE
+parsers ignore comments. The stream ends when the client disconnects.
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ async def stream_events(api: Api, request: Request) -> None:
                 (b"x-accel-buffering", b"no"),
             ],
         )
+        await request.write(b"")  # the headers, now: not with the first event
         while True:
             try:
                 chunk = await asyncio.wait_for(queue.get(), api.config.sse_keepalive)

@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
-from models_app import audit, presets_io, specs
+from models_app import audit, presets_io, server_options, specs
 from models_app.forms import ImportForm, PresetForm, option_names, pair_formset
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
 from models_app.roles import Role, require
@@ -93,9 +93,10 @@ def _edit(
     cloned_from: Preset | None = None,
 ) -> HttpResponse:
     data = request.POST if request.method == "POST" else None
-    passthrough = bool((data or {}).get("server_bin", preset.server_bin))
+    server_bin = str((data or {}).get("server_bin", preset.server_bin)).strip()
     form = PresetForm(data, instance=preset)
-    args = pair_formset("args", preset.args, data, passthrough=passthrough)
+    catalogue = server_options.catalogue_for(server_bin)
+    args = pair_formset("args", preset.args, data, catalogue=catalogue)
     env = pair_formset("env", preset.env, data)
     if data is not None:
         rows_ok = args.is_valid() & env.is_valid()  # both, so both show their errors
@@ -127,6 +128,8 @@ def _save(request: HttpRequest, form: PresetForm, before: dict[str, Any] | None)
     answer = common.ask_router("reload", common.ACTION_WAIT, actor=actor)
     verb = "Created" if before is None else "Saved"
     _report_reload(request, f"{verb} {preset.name}.", answer, preset.name)
+    for warning in getattr(preset, "option_warnings", []):
+        messages.warning(request, f"{preset.name}: {warning}.")
     return redirect("panel:preset_detail", pk=preset.pk)
 
 
@@ -226,8 +229,7 @@ def _numbered(text: str, bad: int) -> list[dict[str, Any]]:
 def preset_export(request: HttpRequest) -> HttpResponse:
     """``?llama=1``: only what ``llama-server --models-preset`` accepts."""
     llama = request.GET.get("llama") == "1"
-    header = f"RouterPanel presets, exported by {request.user.get_username()}"
-    text = presets_io.export_presets(llama_compatible=llama, header=header)
+    text = presets_io.export_presets(llama_compatible=llama)
     response = HttpResponse(text, content_type="text/plain; charset=utf-8")
     filename = "presets-llama.ini" if llama else "presets.ini"
     response["Content-Disposition"] = f'attachment; filename="{filename}"'

@@ -1,16 +1,17 @@
 """Look up llama-server's command-line options by preset key and render them as argv.
 
 Standard library only, so the INI parser, the engine and the tests can use it without Django.
-The table (``llama_options.json``) is generated from llama.cpp's ``common/arg.cpp`` by
-``tools/gen_llama_options.py`` and lists exactly the options of ``llama-server`` (rule 11.10).
-Preset-only keys (``load-on-startup``, ``stop-timeout``, ``dedup-cache-models``, rule 11.14) are
-not options and are unknown here.
+The built-in table (``llama_options.json``) is generated from llama.cpp's ``common/arg.cpp`` by
+``tools/gen_llama_options.py`` and lists exactly the options of ``llama-server`` b11434 (rule
+11.10). Another build or a fork has a table of its own, read from its ``--help`` by
+``helptext.parse_help``; both are ``OptionTable``s. Preset-only keys (``load-on-startup``,
+``stop-timeout``, ``dedup-cache-models``, rule 11.14) are not options and are unknown here.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -56,20 +57,45 @@ class LlamaOption:
 
 
 @dataclass(frozen=True)
-class _Table:
+class OptionTable:
+    """The options one server program accepts, and where the list came from."""
+
     options: tuple[LlamaOption, ...]
     by_key: Mapping[str, tuple[LlamaOption, bool]]
+    origin: str  # "llama-server b11434 (built in)", or the command whose --help was read
+
+    @classmethod
+    def of(cls, options: Iterable[LlamaOption], origin: str) -> OptionTable:
+        listed = tuple(options)
+        return cls(listed, MappingProxyType(_index(listed)), origin)
+
+    def lookup(self, key: str) -> tuple[LlamaOption, bool] | None:
+        """Return the option a preset key names and whether the key is a negative spelling.
+
+        ``key`` is any spelling without its leading dashes (short, long or negative), the env
+        name, or the derived ``LLAMA_ARG_NO_<X>`` name; matching is case-sensitive. The flag is
+        True only for a negative spelling (rule 11.12 inverts its value); the ``LLAMA_ARG_NO_``
+        env form gives False because llama.cpp stores it without inversion (quirk 11.12). None
+        when unknown.
+        """
+        return self.by_key.get(key)
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A program whose options could not be read: its preset keys are accepted unchecked."""
+
+    program: str
+    reason: str
+
+
+# What a preset's keys are checked against: the options of the program that will run it.
+Catalogue = OptionTable | Unreadable
 
 
 def lookup(key: str) -> tuple[LlamaOption, bool] | None:
-    """Return the option a preset key names and whether the key is a negative spelling.
-
-    ``key`` is any spelling without its leading dashes (short, long or negative), the env name,
-    or the derived ``LLAMA_ARG_NO_<X>`` name; matching is case-sensitive. The flag is True only
-    for a negative spelling (rule 11.12 inverts its value); the ``LLAMA_ARG_NO_`` env form gives
-    False because llama.cpp stores it without inversion (quirk 11.12). None when unknown.
-    """
-    return _table().by_key.get(key)
+    """Look ``key`` up in the built-in b11434 table (see ``OptionTable.lookup``)."""
+    return builtin().lookup(key)
 
 
 def is_truthy(value: str) -> bool:
@@ -110,15 +136,17 @@ def render(option: LlamaOption, value: str) -> list[str]:
 
 
 def all_options() -> tuple[LlamaOption, ...]:
-    """Return every option of ``llama-server`` in declared order."""
-    return _table().options
+    """Return every option of ``llama-server`` b11434 in declared order."""
+    return builtin().options
 
 
 @cache
-def _table() -> _Table:
+def builtin() -> OptionTable:
+    """Return the table of ``llama-server`` b11434, shipped with RouterPanel."""
     text = resources.files(PACKAGE).joinpath(TABLE_FILE).read_text(encoding="utf-8")
-    options = tuple(_option(record) for record in json.loads(text)["options"])
-    return _Table(options, MappingProxyType(_index(options)))
+    table = json.loads(text)
+    options = (_option(record) for record in table["options"])
+    return OptionTable.of(options, f"llama-server {table['build']} (built in)")
 
 
 def _option(record: dict[str, Any]) -> LlamaOption:
@@ -131,7 +159,7 @@ def _option(record: dict[str, Any]) -> LlamaOption:
     )
 
 
-def _index(options: tuple[LlamaOption, ...]) -> dict[str, tuple[LlamaOption, bool]]:
+def _index(options: Iterable[LlamaOption]) -> dict[str, tuple[LlamaOption, bool]]:
     """Map every key to its option, later options overwriting earlier ones (get_map_key_opt)."""
     by_key: dict[str, tuple[LlamaOption, bool]] = {}
     for option in options:

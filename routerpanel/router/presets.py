@@ -14,8 +14,15 @@ Three kinds of keys:
   out: ``server-bin``, ``pinned``, ``ttl``, ``load-timeout``, ``hang-timeout``, ``memory``,
   ``enabled`` and ``env.NAME``.
 
-A section with its own ``server-bin`` runs another program with flags of its own, so its unknown
-keys are passed through as ``--key value`` instead of being rejected.
+llama-server options are checked against the program that will run the preset: its own
+``server-bin``, else the one in ``[*]``, else the default. The caller says what each program
+accepts (``Resolver``: an ``options.OptionTable`` read from its ``--help``, or
+``options.Unreadable`` when that could not be read, in which case keys b11434 does not know are
+accepted with a warning). Keys that b11434 does not know are rendered as ``--key value``.
+
+llama.cpp accepts its router's own flags (``models-max``, ``api-key``, …) in a preset file and
+silently drops them (ROUTER_SPEC 11.15). RouterPanel drops them too, but warns, naming the line
+and where the value belongs, because a ``models-max`` in the file limits nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from routerpanel.router import ini, options
@@ -55,6 +62,24 @@ RESERVED_KEYS = frozenset(
         "port",
     }
 )
+
+# Router flags that llama.cpp reads in a preset file and then drops (11.15, 12.4): what each
+# warning tells the user to use instead.
+ROUTER_FLAG_HOMES = {
+    "models-max": "serve --models-max N, or max running models in the panel's settings",
+    "models-autoload": "serve --no-models-autoload",
+    "models-dir": "serve --models-dir DIR",
+    "models-preset": "serve --models-preset FILE",
+    "api-key": "serve --api-key K, or per-user keys on the panel's API keys page",
+    "api-key-file": "serve --api-key K, or per-user keys on the panel's API keys page",
+    "ssl-key-file": "a TLS proxy in front of RouterPanel",
+    "ssl-cert-file": "a TLS proxy in front of RouterPanel",
+    "host": "nothing: the router gives every child its own address",
+    "port": "nothing: the router gives every child its own port",
+}
+DEFAULT_PROGRAM = "llama-server"
+# program (the server-bin command) -> what it accepts
+Resolver = Callable[[str], options.Catalogue]
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DECIMAL = re.compile(r"\d+(?:\.\d+)?")
@@ -91,31 +116,77 @@ class ParsedPresets:
     lines: dict[str, int] = field(default_factory=dict)
 
 
-def parse_presets(text: str | bytes, source: str = "<preset>") -> ParsedPresets:
-    """Parse and check a whole preset file; raise ``ini.IniError`` naming the first bad line."""
+def builtin_only(default_bin: str = DEFAULT_PROGRAM) -> Resolver:
+    """Return a resolver that knows only b11434, for ``default_bin``; other programs' keys go
+    unchecked (the engine runs no program; ``models_app.server_options`` reads their --help)."""
+
+    def resolve(program: str) -> options.Catalogue:
+        if program == default_bin:
+            return options.builtin()
+        return options.Unreadable(program, "its options were not read")
+
+    return resolve
+
+
+def program_of(own: str, global_def: PresetDef | None, default_bin: str) -> str:
+    """Return the command that runs a preset: its own server-bin, else ``[*]``'s, else the
+    default."""
+    return own or (global_def.server_bin if global_def else "") or default_bin
+
+
+def parse_presets(
+    text: str | bytes,
+    source: str = "<preset>",
+    *,
+    default_bin: str = DEFAULT_PROGRAM,
+    options_for: Resolver | None = None,
+) -> ParsedPresets:
+    """Parse and check a whole preset file; raise ``ini.IniError`` naming the first bad line.
+
+    Each section's llama-server options are checked against ``options_for(program)``, the
+    program being the section's ``server-bin``, else ``[*]``'s, else ``default_bin``.
+    """
+    resolve = options_for or builtin_only(default_bin)
     doc = ini.parse(text, source)
     warnings = list(doc.warnings)
     global_section = doc.global_section
     global_def = None
+    global_bin = _declared_bin(global_section)
     if global_section is not None:
-        global_def = section_to_def(global_section, source, warnings)
-    presets = [section_to_def(s, source, warnings) for s in doc.model_sections]
+        catalogue = resolve(global_bin or default_bin)
+        global_def = section_to_def(global_section, source, warnings, catalogue)
+    presets = []
+    for section in doc.model_sections:
+        program = _declared_bin(section) or global_bin or default_bin
+        presets.append(section_to_def(section, source, warnings, resolve(program)))
     check_aliases(presets, source)
     lines = {s.name: s.line for s in doc.model_sections}
     return ParsedPresets(global_def, presets, warnings, lines)
 
 
+def _declared_bin(section: ini.Section | None) -> str:
+    """Return the section's server-bin if it is usable (section_to_def reports it otherwise)."""
+    value = section.get("server-bin") if section is not None else None
+    try:
+        return check_server_bin(value) if value is not None else ""
+    except ValueError:
+        return ""
+
+
 def section_to_def(
-    section: ini.Section, source: str, warnings: list[ini.IniWarning] | None = None
+    section: ini.Section,
+    source: str,
+    warnings: list[ini.IniWarning] | None = None,
+    catalogue: options.Catalogue | None = None,
 ) -> PresetDef:
-    """Check each key of ``section`` and sort it into a ``PresetDef``."""
+    """Check each key of ``section`` against ``catalogue`` (default: b11434) into a PresetDef."""
     sink = warnings if warnings is not None else []
+    known = catalogue or options.builtin()
     fields: dict[str, object] = {}
     args: list[tuple[str, str]] = []
     env: list[tuple[str, str]] = []
     aliases: tuple[str, ...] = ()
     model_path = ""
-    passthrough = section.get("server-bin") is not None
     for entry in section.entries:
         key, value = ROUTER_KEY_ENV_NAMES.get(entry.key, entry.key), entry.value
         try:
@@ -124,13 +195,11 @@ def section_to_def(
             elif key in ROUTERPANEL_KEYS or key in LLAMA_ROUTER_KEYS:
                 _router_key(key, value, entry.line, fields, sink)
             else:
-                found = options.lookup(key)
-                if found is not None and found[0].key == "alias":
+                found = check_option(key, section.name, known, entry.line, sink)
+                if found is not None and found.key == "alias":
                     aliases = split_list(value)
-                elif found is not None and found[0].key == "model":
+                elif found is not None and found.key == "model":
                     model_path = value
-                elif found is None and not passthrough:
-                    raise ValueError(f"option '{key}' not recognized in preset '{section.name}'")
                 else:
                     args.append((key, value))
         except ValueError as exc:
@@ -143,6 +212,46 @@ def section_to_def(
         env=tuple(env),
         **fields,  # type: ignore[arg-type]
     )
+
+
+def check_option(
+    key: str,
+    preset: str,
+    catalogue: options.Catalogue,
+    line: int = 0,
+    warnings: list[ini.IniWarning] | None = None,
+) -> options.LlamaOption | None:
+    """Return the option ``key`` names for the program of ``preset``; raise ValueError if that
+    program does not accept it. Warn (into ``warnings``) when the key goes unchecked because
+    the program's options could not be read, and when llama.cpp would silently drop it."""
+    sink = warnings if warnings is not None else []
+    table = catalogue if isinstance(catalogue, options.OptionTable) else options.builtin()
+    found = table.lookup(key)
+    where = f" in preset '{preset}'" if preset else ""
+    if found is None and isinstance(catalogue, options.OptionTable):
+        message = f"option '{key}' not recognized{where}"
+        if catalogue is not options.builtin():
+            message += f" ('{catalogue.origin} --help' does not list it)"
+        raise ValueError(message)
+    if found is None:
+        assert isinstance(catalogue, options.Unreadable)
+        sink.append(
+            ini.IniWarning(
+                line,
+                f"option '{key}'{where} is not checked: the options of "
+                f"'{catalogue.program}' could not be read ({catalogue.reason})",
+            )
+        )
+        return None
+    home = ROUTER_FLAG_HOMES.get(found[0].key)
+    if home is not None:
+        sink.append(
+            ini.IniWarning(
+                line,
+                f"'{key}'{where} is ignored, as llama.cpp ignores it in a preset file; use {home}",
+            )
+        )
+    return found[0]
 
 
 def _env_name(key: str) -> str:
@@ -340,26 +449,30 @@ def render_presets(
 
 
 def render_argv(
-    preset: PresetDef, global_def: PresetDef | None, default_bin: str
+    preset: PresetDef,
+    global_def: PresetDef | None,
+    default_bin: str,
+    table: options.OptionTable | None = None,
 ) -> tuple[str, ...]:
     """Render the child's command line, without ``--host``/``--port`` (the supervisor adds them).
 
-    Follows ROUTER_SPEC 2.5 and 11.16: ``[*]`` options first, the preset's over them; within a
+    Follows ROUTER_SPEC 2.5 and 11.16 with ``table``, the options of the program that runs the
+    preset (default: b11434's): ``[*]`` options first, the preset's over them; within a
     section keys apply in sorted byte order, so of two synonyms the one sorting last wins
     (11.11); reserved options are dropped (12.4); ``--alias`` is the model's name so the child
     reports ``id == name``; options are ordered by their first declared spelling and written with
-    their last. A preset run by another program (``server-bin``) gets its unknown keys as
-    ``--key value`` after the known ones, in file order.
+    their last. Keys the table does not know (accepted unchecked) follow as ``--key value``, in
+    file order.
     """
-    program = preset.server_bin or (global_def.server_bin if global_def else "") or default_bin
-    passthrough = bool(preset.server_bin or (global_def and global_def.server_bin))
+    table = table or options.builtin()
+    program = program_of(preset.server_bin, global_def, default_bin)
     known: dict[bytes, tuple[options.LlamaOption, str]] = {}
     unknown: dict[str, str] = {}
     for section in (global_def, preset):
         if section is None:
             continue
         for key, value in sorted(section.args, key=lambda pair: pair[0].encode()):
-            found = options.lookup(key)
+            found = table.lookup(key)
             if found is None:
                 unknown.pop(key, None)
                 unknown[key] = value
@@ -368,17 +481,16 @@ def render_argv(
                 known[option.sort_key] = (option, options.stored_value(option, negative, value))
     model_path = preset.model_path or (global_def.model_path if global_def else "")
     for key, value in (("model", model_path), ("alias", preset.name), ("log-colors", "off")):
-        found = options.lookup(key)
+        found = table.lookup(key)
         if found is not None and (value or key != "model"):
             known[found[0].sort_key] = (found[0], value)
     argv = shlex.split(program)
     for sort_key in sorted(known):
         option, value = known[sort_key]
         argv.extend(options.render(option, value))
-    if passthrough:
-        unknown_in_file_order = [(k, v) for k, v in _file_order(global_def, preset) if k in unknown]
-        for key, value in unknown_in_file_order:
-            argv.extend([f"--{key}", value] if value else [f"--{key}"])
+    unknown_in_file_order = [(k, v) for k, v in _file_order(global_def, preset) if k in unknown]
+    for key, value in unknown_in_file_order:
+        argv.extend([f"--{key}", value] if value else [f"--{key}"])
     return tuple(argv)
 
 

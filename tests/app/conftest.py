@@ -34,10 +34,26 @@ from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore, KeyTable
 from models_app.bridge import RouterClient
 from tests.app.fake_router import FakeRouter
+from tests.serving import llama_server_stand_in
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0  # generous: the machine is small and busy
 ROUTER_TIMEOUT = 1.0  # the bridge's "router unavailable" timeout, small for tests
+
+
+# ---- the llama-server the presets are checked against ---------------------------------------
+
+
+@pytest.fixture(autouse=True, scope="session")
+def llama_server_b11434(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Put a ``llama-server`` on PATH that prints b11434's ``--help`` (recorded from the real
+    build), so that preset keys are checked against b11434 whatever this machine has installed
+    (a newer llama-server on PATH would otherwise change what the app tier accepts)."""
+    bin_dir = tmp_path_factory.mktemp("llama-bin")
+    script = llama_server_stand_in(bin_dir)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+        yield script
 
 
 # ---- the ASGI driver ------------------------------------------------------------------------

@@ -89,6 +89,41 @@ class TestCreate:
         assert '<option value="ctx-size">' in text and '<option value="n-gpu-layers">' in text
 
 
+class TestSourceAndServerBinary:
+    def test_the_detail_page_says_where_the_preset_came_from(
+        self, viewer_client: Client, panel_router: RouterStub
+    ) -> None:
+        made = Preset.objects.create(name="made")
+        owned = Preset.objects.create(
+            name="owned", source="models_preset", source_path="/srv/models.ini"
+        )
+        text = viewer_client.get(f"/presets/{made.pk}/").content.decode()
+        assert '<dd id="preset-source">made in the panel</dd>' in text
+        text = viewer_client.get(f"/presets/{owned.pk}/").content.decode()
+        assert "the --models-preset file <code>/srv/models.ini</code>" in text
+        assert "A reload that no longer finds it there removes it" in text
+
+    def test_rows_are_checked_against_the_global_server_binary(
+        self, admin_client: Client, panel_router: RouterStub
+    ) -> None:
+        row = RouterSettings.load()
+        row.global_args = [["server-bin", "python3 -m routerpanel.router.simserver"]]
+        row.save()
+        response = admin_client.post("/presets/new/", form(args=[("sim-load-ms", "5")]))
+        assert response.status_code == 302
+        response = admin_client.post("/presets/new/", form(args=[("ctx-sizee", "1")], name="other"))
+        assert "has no option &#x27;ctx-sizee&#x27;" in response.content.decode()
+
+    def test_an_unreadable_binary_saves_with_a_warning(
+        self, admin_client: Client, panel_router: RouterStub
+    ) -> None:
+        body = form(args=[("fit-budget", "3")], server_bin="/opt/nowhere/llama-server")
+        response = admin_client.post("/presets/new/", body, follow=True)
+        text = response.content.decode()
+        assert Preset.objects.get().args == [["fit-budget", "3"]]
+        assert "option &#x27;fit-budget&#x27; is not checked" in text
+
+
 class TestEdit:
     @pytest.fixture
     def preset(self) -> Preset:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from models_app.models import Preset, RouterSettings
+from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
 from models_app.presets_io import export_presets, import_presets
 from routerpanel.router.ini import IniError
 
@@ -165,6 +165,71 @@ class TestReloadFromTheFile:
         assert list(Preset.objects.values()) == before
 
 
+class TestWhereAPresetCameFrom:
+    """Each preset records its source; a reload drops the file's presets it no longer names."""
+
+    def test_the_models_preset_file_owns_its_presets(self, ini_file: Path) -> None:
+        from models_app import sources
+
+        sources.import_preset_file(str(ini_file), io.StringIO())
+        sim = Preset.objects.get(name="sim")
+        assert (sim.source, sim.source_path) == ("models_preset", str(ini_file.resolve()))
+        assert sim.get_source_display() == "the --models-preset file"
+
+    def test_a_renamed_section_replaces_its_old_preset_on_reload(self, ini_file: Path) -> None:
+        from models_app import sources
+
+        sources.import_preset_file(str(ini_file), io.StringIO())
+        Preset.objects.create(name="made-here")  # in the panel
+        run("import_presets", str(self._other_file(ini_file)))  # imported by hand
+        ini_file.write_text(FILE.replace("[sim]", "[sim-renamed]"))
+        assert sources.reimport_preset_file(str(ini_file)) is True
+        names = set(Preset.objects.values_list("name", flat=True))
+        assert names == {"org/gemma-GGUF:Q4_K_M", "sim-renamed", "made-here", "by-hand"}
+        deleted = AuditEvent.objects.get(kind=AuditKind.PRESET_DELETED)
+        assert deleted.model == "sim"
+
+    def test_an_unchanged_file_removes_nothing(self, ini_file: Path) -> None:
+        from models_app import sources
+
+        sources.import_preset_file(str(ini_file), io.StringIO())
+        assert sources.reimport_preset_file(str(ini_file)) is False
+        assert Preset.objects.count() == 2
+
+    def test_a_broken_file_removes_nothing(self, ini_file: Path) -> None:
+        from models_app import sources
+
+        sources.import_preset_file(str(ini_file), io.StringIO())
+        ini_file.write_text("[gone-but-broken\n")
+        with pytest.raises(IniError):
+            sources.reimport_preset_file(str(ini_file))
+        assert Preset.objects.count() == 2
+
+    def test_a_hand_import_records_the_file_and_removes_nothing(self, ini_file: Path) -> None:
+        Preset.objects.create(name="made-here")
+        run("import_presets", str(ini_file))
+        sim = Preset.objects.get(name="sim")
+        assert (sim.source, sim.source_path) == ("import", str(ini_file.resolve()))
+        assert Preset.objects.get(name="made-here").source == "panel"
+
+    def test_the_models_dir_drops_a_model_whose_file_is_gone(self, tmp_path: Path) -> None:
+        from models_app import sources
+
+        (tmp_path / "a.gguf").write_bytes(b"")
+        (tmp_path / "b.gguf").write_bytes(b"")
+        sources.import_models_dir(str(tmp_path))
+        assert Preset.objects.get(name="a").source == "models_dir"
+        (tmp_path / "b.gguf").unlink()
+        sources.import_models_dir(str(tmp_path))
+        assert list(Preset.objects.values_list("name", flat=True)) == ["a"]
+
+    @staticmethod
+    def _other_file(ini_file: Path) -> Path:
+        other = ini_file.parent / "other.ini"
+        other.write_text("[by-hand]\nmodel = /models/h.gguf\n")
+        return other
+
+
 class TestExport:
     def test_export_then_import_is_a_no_op(self, ini_file: Path, tmp_path: Path) -> None:
         run("import_presets", str(ini_file))
@@ -175,6 +240,39 @@ class TestExport:
         assert "0 created, 0 updated, 2 unchanged" in out
         assert snapshot() == before
         assert RouterSettings.load().global_args == global_before
+
+    def test_an_export_is_the_same_bytes_until_the_presets_change(
+        self, ini_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import datetime
+
+        from django.utils import timezone
+
+        run("import_presets", str(ini_file))
+        first, second = tmp_path / "1.ini", tmp_path / "2.ini"
+        run("export_presets", "-o", str(first))
+        later = timezone.now() + datetime.timedelta(days=400)
+        monkeypatch.setattr(timezone, "now", lambda: later)  # a year on, another clock
+        run("export_presets", "-o", str(second))
+        assert first.read_bytes() == second.read_bytes()
+        assert first.read_text().startswith("; RouterPanel presets (llama.cpp --models-preset")
+        Preset.objects.filter(name="sim").update(ttl=1)
+        run("export_presets", "-o", str(second))
+        assert first.read_bytes() != second.read_bytes()
+
+    def test_the_panel_exports_the_same_file_for_every_user(self, ini_file: Path) -> None:
+        from django.contrib.auth import get_user_model
+        from django.test import Client
+
+        run("import_presets", str(ini_file))
+        bodies = []
+        for name in ("ada", "bob"):
+            user = get_user_model().objects.create_superuser(name, password="pw-for-tests-1")
+            client = Client()
+            client.force_login(user)
+            bodies.append(client.get("/presets/export/").content)
+        assert bodies[0] == bodies[1]
+        assert bodies[0] == export_presets().encode()
 
     def test_it_writes_to_standard_output(self, ini_file: Path) -> None:
         run("import_presets", str(ini_file))

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.serving import llama_server_stand_in
 from tests.tiers import missing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,10 +61,15 @@ class PanelServer:
         self.log_path = data_dir / "serve.log"
 
     def start(self) -> PanelServer:
+        # Preset keys are checked against llama-server b11434 (a stand-in that prints its help).
+        bin_dir = self.data_dir / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        llama_server_stand_in(bin_dir)
         env = os.environ | {
             "ROUTERPANEL_ADMIN_PASSWORD": ADMIN_PASSWORD,
             "ROUTERPANEL_DATA_DIR": str(self.data_dir),
             "DEBUG": "false",
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
             **self.env,
         }
         env.pop("REDIS_URL", None)

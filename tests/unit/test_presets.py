@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from routerpanel.router import ini, presets
+from routerpanel.router import helptext, ini, options, presets
 from routerpanel.router.presets import PresetDef, parse_presets, render_presets
 
 WORKED_EXAMPLE = """version = 1
@@ -64,15 +64,144 @@ class TestLlamaKeys:
         with pytest.raises(ini.IniError, match="option 'CTX-SIZE' not recognized"):
             parse_presets("[m]\nCTX-SIZE = 1\n")
 
-    def test_a_preset_with_its_own_server_bin_passes_unknown_keys_through(self) -> None:
+    def test_a_program_whose_options_are_unknown_gets_its_keys_unchecked_with_a_warning(
+        self,
+    ) -> None:
         text = "[sim]\nserver-bin = python -m routerpanel.router.simserver\nsim-load-ms = 200\n"
-        preset = parse_presets(text).presets[0]
+        parsed = parse_presets(text)
+        preset = parsed.presets[0]
         assert preset.server_bin == "python -m routerpanel.router.simserver"
         assert preset.args == (("sim-load-ms", "200"),)
+        assert [w.line for w in parsed.warnings] == [3]
+        assert "option 'sim-load-ms' in preset 'sim' is not checked" in str(parsed.warnings[0])
 
     def test_the_global_section_is_checked_too(self) -> None:
         with pytest.raises(ini.IniError, match=r":2: option 'bogus' not recognized in preset '\*'"):
             parse_presets("[*]\nbogus = 1\n")
+
+
+SIM = "python -m routerpanel.router.simserver"
+SIM_TABLE = helptext.parse_help("  -m, --model VALUE   path\n  --sim-load-ms VALUE   ms\n", SIM)
+# A newer llama-server: b11434's options plus one it does not know.
+NEWER_TABLE = options.OptionTable.of(
+    [
+        *options.builtin().options,
+        options.LlamaOption(("--fit-budget",), (), "LLAMA_ARG_FIT_BUDGET", True, False),
+        options.LlamaOption(("--turbo",), ("--no-turbo",), None, False, False),
+    ],
+    "/opt/llama-new/llama-server",
+)
+
+
+def resolver(**tables: options.Catalogue) -> presets.Resolver:
+    """Programs by command; anything else is unreadable."""
+    known = {"llama-server": options.builtin(), SIM: SIM_TABLE, **tables}
+    return lambda program: known.get(program) or options.Unreadable(program, "not found")
+
+
+class TestProgramOptions:
+    """Keys are checked against the program that runs the preset (ROUTER_SPEC 11.10)."""
+
+    def test_a_server_bin_in_the_global_section_is_inherited_by_key_checks(self) -> None:
+        text = f"[*]\nserver-bin = {SIM}\n[a]\nsim-load-ms = 5\n"
+        parsed = parse_presets(text, options_for=resolver())
+        assert parsed.presets[0].args == (("sim-load-ms", "5"),)
+        assert parsed.warnings == []
+
+    def test_a_key_the_program_does_not_list_is_rejected_naming_the_program(self) -> None:
+        text = f"[*]\nserver-bin = {SIM}\n[a]\nsim-load-ms = 5\nn-gpu-layers = 99\n"
+        with pytest.raises(ini.IniError) as caught:
+            parse_presets(text, source="m.ini", options_for=resolver())
+        assert str(caught.value) == (
+            f"m.ini:5: option 'n-gpu-layers' not recognized in preset 'a' ('{SIM} --help' "
+            "does not list it)"
+        )
+
+    def test_a_section_server_bin_wins_over_the_global_one(self) -> None:
+        text = f"[*]\nserver-bin = {SIM}\n[a]\nserver-bin = llama-server\nsim-load-ms = 5\n"
+        with pytest.raises(ini.IniError, match="option 'sim-load-ms' not recognized in preset 'a'"):
+            parse_presets(text, options_for=resolver())
+
+    def test_the_default_program_is_the_one_given(self) -> None:
+        text = "[a]\nfit-budget = 3\n"
+        with pytest.raises(ini.IniError, match="option 'fit-budget' not recognized"):
+            parse_presets(text, options_for=resolver())
+        newer = resolver(newer=NEWER_TABLE)
+        assert parse_presets(text, default_bin="newer", options_for=newer).presets[0].args == (
+            ("fit-budget", "3"),
+        )
+
+    def test_the_global_section_is_checked_against_its_own_program(self) -> None:
+        text = f"[*]\nserver-bin = {SIM}\nsim-load-ms = 1\n"
+        parsed = parse_presets(text, options_for=resolver())
+        assert parsed.global_def is not None
+        assert parsed.global_def.args == (("sim-load-ms", "1"),)
+        unknown = r"option 'sim-load-ms' not recognized in preset '\*'"
+        with pytest.raises(ini.IniError, match=unknown):
+            parse_presets("[*]\nsim-load-ms = 1\n", options_for=resolver())
+
+    def test_an_unreadable_program_accepts_unknown_keys_with_a_warning_naming_the_line(
+        self,
+    ) -> None:
+        text = "[*]\nserver-bin = /opt/fork/server\n[a]\nc = 512\nfit-budget = 3\n"
+        parsed = parse_presets(text, options_for=resolver())
+        assert parsed.presets[0].args == (("c", "512"), ("fit-budget", "3"))
+        (warning,) = parsed.warnings
+        assert warning.line == 5
+        assert "the options of '/opt/fork/server' could not be read (not found)" in warning.message
+
+    def test_a_newer_programs_options_render_with_its_own_table(self) -> None:
+        preset = PresetDef(
+            name="m",
+            args=(("LLAMA_ARG_FIT_BUDGET", "3"), ("no-turbo", "1"), ("c", "512")),
+        )
+        argv = presets.render_argv(preset, None, "llama-server", NEWER_TABLE)
+        assert argv == (
+            "llama-server",
+            "--fit-budget",
+            "3",
+            "--log-colors",
+            "off",
+            "--no-turbo",
+            "--alias",
+            "m",
+            "--ctx-size",
+            "512",
+        )
+
+    def test_keys_no_table_knows_follow_as_flags_in_file_order(self) -> None:
+        preset = PresetDef(name="m", args=(("zeta", "1"), ("alpha", ""), ("c", "512")))
+        argv = presets.render_argv(preset, None, "/opt/fork/server")
+        assert argv[-3:] == ("--zeta", "1", "--alpha")
+
+
+class TestRouterFlagsInAPresetFile:
+    """llama.cpp drops its router's own flags from a preset file (11.15); we warn (issue 20)."""
+
+    @pytest.mark.parametrize(
+        ("key", "home"),
+        [
+            ("models-max", "serve --models-max N, or max running models in the panel's settings"),
+            ("LLAMA_ARG_MODELS_MAX", "serve --models-max N"),
+            ("api-key", "serve --api-key K"),
+            ("models-dir", "serve --models-dir DIR"),
+            ("no-models-autoload", "serve --no-models-autoload"),
+            ("port", "nothing: the router gives every child its own port"),
+        ],
+    )
+    def test_it_warns_naming_the_line_and_where_the_value_belongs(
+        self, key: str, home: str
+    ) -> None:
+        parsed = parse_presets(f"[*]\nc = 1\n{key} = 1\n")
+        (warning,) = parsed.warnings
+        assert warning.line == 3
+        assert f"'{key}' in preset '*' is ignored, as llama.cpp ignores it" in warning.message
+        assert home in warning.message
+
+    def test_the_value_changes_nothing_the_child_runs_with(self) -> None:
+        parsed = parse_presets("[m]\nmodels-max = 1\nc = 1\n")
+        argv = presets.render_argv(parsed.presets[0], None, "llama-server")
+        assert "--models-max" not in argv and "1" in argv
 
 
 class TestRouterKeys:

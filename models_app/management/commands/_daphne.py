@@ -26,6 +26,7 @@ from urllib.parse import unquote
 
 from daphne.server import Server
 from twisted.internet import reactor
+from twisted.python.failure import Failure
 from twisted.web import http
 
 from models_app.api.app import is_api_path
@@ -58,6 +59,20 @@ class RouterPanelServer(Server):  # type: ignore[misc]
             protocol._parsePOSTFormSubmission = False
             BodyGuard(protocol, self.body_limit, self.body_timeout).install()
         super().protocol_connected(protocol)
+
+    # ``serve`` prints its URL once every endpoint listens, and reports a failed listen itself
+    # (one line and a non-zero exit) instead of Daphne's CRITICAL log line and a clean exit.
+    on_listening: Callable[[], None] | None = None
+    listen_failure: BaseException | None = None
+
+    def listen_success(self, port: Any) -> None:
+        super().listen_success(port)
+        if len(self.listening_addresses) == len(self.endpoints) and self.on_listening:
+            self.on_listening()
+
+    def listen_error(self, failure: Failure) -> None:
+        self.listen_failure = failure.value
+        self.stop()
 
 
 class BodyGuard:

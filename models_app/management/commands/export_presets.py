@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
 from models_app.presets_io import export_presets, skipped_by_llama_export
 from routerpanel.router.ini import IniError
@@ -27,11 +26,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         compatible = options["llama_compatible"]
-        header = f"RouterPanel presets, exported {timezone.now():%Y-%m-%d %H:%M:%S %Z}"
-        if compatible:
-            header += "\nllama.cpp-compatible: RouterPanel's own keys are left out"
         try:
-            text = export_presets(llama_compatible=compatible, header=header)
+            text = export_presets(llama_compatible=compatible)
         except IniError as exc:
             raise CommandError(str(exc)) from None
         if compatible:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from models_app.presets_io import import_presets
+from models_app.models import PresetSource
+from models_app.presets_io import Origin, import_presets
 from routerpanel.router.ini import IniError
 
 
@@ -25,13 +28,24 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="report what would change, change nothing"
         )
+        # serve/runrouter --models-preset: the file owns its presets (sources.import_preset_file).
+        parser.add_argument("--as-models-preset", action="store_true", help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         path = options["file"]
         data = self._read(path)
+        where = "" if path == "-" else os.path.abspath(path)
+        if options["as_models_preset"]:
+            origin = Origin(PresetSource.MODELS_PRESET, where, owns=True)
+        else:
+            origin = Origin(PresetSource.IMPORT, where)
         try:
             report = import_presets(
-                data, source=path, replace=options["replace"], dry_run=options["dry_run"]
+                data,
+                source=path,
+                replace=options["replace"],
+                dry_run=options["dry_run"],
+                origin=origin,
             )
         except IniError as exc:
             raise CommandError(f"{exc}\nNothing was imported.") from None

@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from models_app import bootstrap, runtime, security, sources
 from models_app.locks import LockHeld
+from models_app.management.commands import _inputs as inputs
 from models_app.models import Preset, RouterSettings
 from models_app.routerproc import RouterProcess, raise_open_files_limit
 
@@ -64,14 +65,19 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         runtime.OPTIONS.server_bin = options["server_bin"]
+        # Every input is checked before anything changes: a bad flag must not leave a created
+        # admin (whose one-time password scrolled by) or half the sources imported behind.
+        inputs.check_listen_address(options["host"], options["port"])
+        if not options["no_router"]:
+            inputs.check_sources(options["models_preset"], options["models_dir"])
         if not options.get("skip_checks"):
             self.check()
         bootstrap.migrate()
-        self._announce_admin()
         self._configure_web(options)
         security.warn_if_open(options["host"], runtime.OPTIONS.api_keys, self.stderr)
         if not options["no_router"]:
             self._import_sources(options)
+        self._announce_admin()
         self._run(options)
 
     def _announce_admin(self) -> None:
@@ -130,7 +136,7 @@ class Command(BaseCommand):
         from models_app.management.commands._daphne import RouterPanelServer
         from routerpanel.asgi import application
 
-        host_url = f"http://{options['host']}:{options['port']}/"
+        host_url = f"http://{inputs.url_host(options['host'])}:{options['port']}/"
         router: EmbeddedRouter | None = None
         if not options["no_router"]:
             router = EmbeddedRouter(self, options)
@@ -140,17 +146,23 @@ class Command(BaseCommand):
             )
         else:
             raise_open_files_limit()
-        self.stdout.write(
-            f"RouterPanel on {host_url} (the panel; Django admin at {host_url}admin/)"
-        )
-        RouterPanelServer(
+        server = RouterPanelServer(
             application=application,
             endpoints=build_endpoint_description_strings(
                 host=options["host"], port=options["port"]
             ),
             signal_handlers=True,
             verbosity=0,
-        ).run()
+        )
+        # The URL only once the socket listens (a busy port must not look like success).
+        server.on_listening = lambda: self.stdout.write(
+            f"RouterPanel on {host_url} (the panel; Django admin at {host_url}admin/)"
+        )
+        server.run()
+        if server.listen_failure is not None:
+            raise CommandError(
+                inputs.listen_error(options["host"], options["port"], server.listen_failure)
+            )
         if router is not None and router.failed:
             sys.exit(1)
 

@@ -46,6 +46,7 @@ class SimOptions:
     ignore_sigterm: bool = False
     crash_after: int = 0
     fail_load: bool = False
+    tag: str = ""
     ignored: tuple[str, ...] = ()
 
     @property
@@ -157,6 +158,7 @@ FLAGS: tuple[Flag, ...] = (
         _int_at_least(0),
     ),
     Flag(("--sim-fail-load",), "fail_load", "fail halfway through loading and exit 1"),
+    Flag(("--sim-tag",), "tag", "a label, otherwise unused: tells children apart in ps", str),
 )
 FLAGS_BY_NAME = {name: flag for flag in FLAGS for name in flag.names}
 

@@ -1,0 +1,110 @@
+"""Which options a server program accepts, read from its ``--help`` once per binary.
+
+A preset's keys are checked against the program that will run it (``presets.check_option``):
+the preset's own ``server-bin``, else the one in ``[*]``, else the default (``serve
+--server-bin``, else the stored setting). This module runs ``PROGRAM --help`` and hands the text
+to the engine's pure parser (``helptext.parse_help``). The answer is cached by the command, the
+binary's resolved path and its mtime, so a rebuilt binary is read again and an unchanged one
+never is. When the help cannot be read (not on PATH, not executable, a non-zero exit, no option
+in the output, no answer within ``HELP_TIMEOUT``) the answer is ``options.Unreadable`` and the
+keys b11434 does not know are accepted with a warning instead of being rejected.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+
+from routerpanel.router import helptext, options, presets
+
+log = logging.getLogger(__name__)
+
+HELP_TIMEOUT = 20.0
+# The child's environment, minus what could change what --help prints or make it act on it.
+_SCRUBBED_PREFIXES = ("LLAMA_",)
+
+
+def options_for(command: str) -> options.Catalogue:
+    """Return the options ``command`` accepts, or why they cannot be read."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        return options.Unreadable(command, str(exc))
+    if not argv:
+        return options.Unreadable(command, "the command is empty")
+    path = shutil.which(argv[0])
+    if path is None:
+        return options.Unreadable(command, f"'{argv[0]}' is not on PATH or not executable")
+    real = os.path.realpath(path)
+    try:
+        mtime = os.stat(real).st_mtime_ns
+    except OSError as exc:
+        return options.Unreadable(command, exc.strerror or str(exc))
+    return _read_help((path, *argv[1:]), command, real, mtime)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_help(argv: tuple[str, ...], command: str, real: str, mtime: int) -> options.Catalogue:
+    """Run ``argv --help``; ``real`` and ``mtime`` are only part of the cache key."""
+    del real, mtime
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_PREFIXES)}
+    try:
+        process = subprocess.Popen(
+            [*argv, "--help"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # a wrapper's children go with it on a timeout
+        )
+    except OSError as exc:
+        return options.Unreadable(command, f"cannot run it: {exc.strerror or exc}")
+    try:
+        out, err = process.communicate(timeout=HELP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return options.Unreadable(command, f"'--help' gave no answer in {HELP_TIMEOUT:g} s")
+    if process.returncode != 0:
+        last = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
+        return options.Unreadable(
+            command, f"'--help' exited with status {process.returncode}: {last[0]}"
+        )
+    text = out.decode("utf-8", "replace")
+    table = helptext.parse_help(text, command)
+    if table is None:
+        return options.Unreadable(command, "its '--help' lists no option")
+    log.debug("read %d options from %s --help", len(table.options), command)
+    return table
+
+
+def default_program() -> str:
+    """Return the command for presets that name none: ``serve --server-bin``, else the setting."""
+    from models_app import runtime
+    from models_app.models import RouterSettings
+
+    return runtime.OPTIONS.server_bin or RouterSettings.load().server_binary
+
+
+def program_for(server_bin: str) -> str:
+    """Return the command that runs a preset whose own server-bin is ``server_bin``."""
+    from models_app.models import RouterSettings
+
+    global_def = RouterSettings.load().global_def()
+    return presets.program_of(server_bin, global_def, default_program())
+
+
+def catalogue_for(server_bin: str) -> options.Catalogue:
+    """Return what a preset whose own server-bin is ``server_bin`` may set."""
+    return options_for(program_for(server_bin))
+
+
+def table_for(program: str) -> options.OptionTable:
+    """Return the table to render ``program``'s command line with (b11434's if unreadable)."""
+    found = options_for(program)
+    return found if isinstance(found, options.OptionTable) else options.builtin()
