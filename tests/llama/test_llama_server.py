@@ -125,8 +125,11 @@ class TestChildProtocol:
         self, llama_servers: StartServer, tiny_models: dict[str, Path]
     ) -> None:
         server = llama_servers(tiny_models["tiny"], env=self.ENV)
-        # stdin is read only after the first `ready` (§4.12): wait for it before writing.
+        # stdin is read only after the first `ready` (§4.12): wait for it before writing. And
+        # b11434 loses an exit command that arrives before its task loop has started (the loop
+        # sets running = true over terminate()'s false): a /slots answer comes from that loop.
         server.wait_for_line(lambda line: '"state":"ready"' in line, timeout=180)
+        assert httpx.get(f"{server.base_url}/slots", timeout=HTTP_TIMEOUT).status_code == 200
         server.write_stdin(b"cmd_router_to_child:exit\n")
         assert server.wait_exit() == 0
 

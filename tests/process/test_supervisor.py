@@ -249,6 +249,29 @@ class TestStopping:
         assert "m" not in sup.live()
         assert json.loads(state_file.read_text())["children"] == []
 
+    async def test_a_lost_exit_command_is_sent_again_before_the_deadline(
+        self, sup: Supervisor, recorder: Recorder
+    ) -> None:
+        # As llama-server b11434 does when the command lands before its task loop starts.
+        script = (
+            "import sys\n"
+            'print(\'cmd_child_to_router:state:{"state": "ready", "payload": {}}\', '
+            "flush=True)\n"
+            "seen = 0\n"
+            "for line in sys.stdin:\n"
+            "    if 'cmd_router_to_child:exit' in line:\n"
+            "        seen += 1\n"
+            "        if seen == 2:\n"
+            "            sys.exit(0)\n"
+        )
+        await sup.spawn("lossy", inline(script), {}, child_protocol=True, load_timeout=WAIT)
+        await recorder.wait_for(ChildReady, name="lossy")
+        assert sup.stop("lossy", 30.0)
+        _, exited = await recorder.wait_for(ChildExited, name="lossy")
+        assert exited.exit_code == 0 and not exited.force_killed
+        assert exited.stop_seconds is not None and 0.9 < exited.stop_seconds < 5.0
+        assert "sent the exit command again" in recorder.texts("router")
+
     async def test_a_sigterm_ignoring_child_is_sigkilled_at_its_stop_timeout(
         self, sup: Supervisor, recorder: Recorder
     ) -> None:

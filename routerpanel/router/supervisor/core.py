@@ -50,6 +50,7 @@ from routerpanel.router.supervisor.protocol import (
 )
 from routerpanel.router.supervisor.statefile import _atomic_write
 
+EXIT_RESEND = 1.0  # seconds after the exit command before it is sent once more
 log = logging.getLogger("routerpanel.router.supervisor")  # the package's name, as before the split
 
 
@@ -353,12 +354,18 @@ class Supervisor:
 
     # ----------------------------------------------------------------- stopping
 
-    def _ask_to_exit(self, child: _Child) -> None:
+    def _ask_to_exit(self, child: _Child, *, again: bool = False) -> None:
         if child.launch.child_protocol:
             assert child.proc.stdin is not None
             with contextlib.suppress(OSError, RuntimeError):  # already closing
                 child.proc.stdin.write(EXIT_COMMAND)
-            self._note(child.name, child, "sent the exit command")
+            self._note(child.name, child, "sent the exit command" + (" again" if again else ""))
+            if not again:
+                # llama-server b11434 loses an exit command that arrives between its `ready` line
+                # and the start of its task loop (start_loop() sets running = true after
+                # terminate() set it false): say it once more a moment later.
+                when = self._now() + EXIT_RESEND
+                child.arm("resend", when, lambda: self._ask_to_exit(child, again=True))
         else:
             _killpg(child.pid, signal.SIGTERM)
             self._note(child.name, child, "sent SIGTERM to the process group")
