@@ -194,8 +194,11 @@ class RouterWatch:
         except Exception:
             beat = None  # Redis away: the router is out of reach for us too
         old_boot = self.beat.boot if self.beat is not None else None
-        if beat is not None and time.time() - beat.time < self.dead_after:  # a stopped
-            self.beat, self.seen_at = beat, time.monotonic()  # router's last beat goes stale
+        if beat is not None and (self.beat is None or beat != self.beat):
+            # When the beat was written, on our clock: a dead router's last beat stays in Redis
+            # until its key expires, and must not look fresh meanwhile.
+            age = max(0.0, time.time() - beat.time)
+            self.beat, self.seen_at = beat, time.monotonic() - age
         alive = self.alive()
         new_boot = self.beat.boot if self.beat is not None else None
         if alive != self._was_alive or new_boot != old_boot:

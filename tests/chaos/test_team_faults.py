@@ -239,6 +239,35 @@ def test_a_killed_router_answers_its_queued_requests_and_restarts_at_once(
         )  # fmt: skip
 
 
+def test_a_killed_web_process_loses_its_leases_and_the_slot_frees(
+    tmp_path: Path,
+    pg_database: str,  # noqa: F811
+    redis: RedisServer,
+) -> None:
+    with team(tmp_path, pg_database, redis) as t:
+        presets = t.preset("a", token_ms=200) + t.preset("b")
+        t.router(presets, "--models-max", "1", "--lease-ttl", "3")
+        web = t.web()
+        doomed = t.web("doomed")
+        with httpx.stream(
+            "POST", f"{doomed.url}/v1/chat/completions", json=chat("a", 200, True), timeout=60
+        ) as response:
+            next(response.iter_bytes())  # a streams through the doomed web process
+            doomed.process.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            doomed.process.wait(10)
+        response = post_chat(web.url, "b", timeout=60)
+        freed = time.monotonic() - killed
+        assert response.status_code == 200, response.text
+        assert freed < 15
+        wait_until(lambda: _rows(pg_database, "lease_expired"), 20, "the lease_expired row")
+        record(
+            "a web process killed with SIGKILL mid-stream (team mode, lease ttl 3 s)",
+            other_clients_served_after_s=round(freed, 2),
+            audit_row="lease_expired",
+        )
+
+
 def test_a_request_refused_while_the_router_was_frozen_never_runs_later(
     tmp_path: Path,
     pg_database: str,  # noqa: F811
