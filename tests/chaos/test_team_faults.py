@@ -225,11 +225,14 @@ def test_a_killed_router_answers_its_queued_requests_and_restarts_at_once(
         assert "router unavailable" in response.json()["error"]["message"]
         ready = httpx.get(f"{web.url}/ready", timeout=10)
         assert ready.status_code == 503
+        assert _routerstatus(t) == 1  # what a health check or supervisor sees
 
         started = time.monotonic()
         t.router(presets, "--models-max", "1")  # same data dir: the dead owner is replaced
         restart = time.monotonic() - started
         served = until_served(web.url, "b", 30)
+        assert httpx.get(f"{web.url}/ready", timeout=10).status_code == 200
+        assert _routerstatus(t, "--this-host") == 0
         streaming.join(30)
         record(
             "runrouter killed with SIGKILL (team mode)",
@@ -369,6 +372,12 @@ def test_two_web_processes_started_together_on_a_fresh_database(
             proc.terminate()
         outputs = [p.communicate(timeout=30)[0].decode() for p in procs]
     assert not any("IntegrityError" in out or "Traceback" in out for out in outputs), outputs
+
+
+def _routerstatus(t: Team, *args: str) -> int:
+    env = {**os.environ, **t.env, "ROUTERPANEL_DATA_DIR": str(t.tmp / "status")}
+    command = [sys.executable, "manage.py", "routerstatus", *args]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, timeout=60).returncode
 
 
 def _healthy(port: int) -> bool:
