@@ -314,10 +314,10 @@ def start_team(
 ) -> tuple[Proc, Proc]:
     """Team mode: ``runrouter`` and ``serve --no-router`` over Redis and PostgreSQL."""
     env = {"DATABASE_URL": database_url, "REDIS_URL": redis_url}
-    # TMPDIR: runrouter's one-router-per-host lock file lives in the temp dir; a private one keeps
-    # the benchmark from colliding with a test suite that runs a router on this machine.
-    tmp = Path(tempfile.mkdtemp(prefix="team-tmp-", dir=procs.workdir))
-    env |= {"ROUTERPANEL_ADMIN_PASSWORD": "bench-only", "TMPDIR": str(tmp)}
+    # A Redis prefix of its own: the router's lock and heartbeat, and the channels, never meet
+    # those of a test run or a real installation on the same Redis (locks.py, liveness.py).
+    prefix = f"rp-bench-{os.getpid()}-{len(procs.procs)}"
+    env |= {"ROUTERPANEL_ADMIN_PASSWORD": "bench-only", "ROUTERPANEL_REDIS_PREFIX": prefix}
     data = Path(tempfile.mkdtemp(prefix="team-router-", dir=procs.workdir))
     argv = [PYTHON, "manage.py", "runrouter", "--models-preset", str(ini)]
     argv += ["--models-max", str(models_max)]

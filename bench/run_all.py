@@ -6,8 +6,9 @@ Parts, in order (each also runs alone; see bench/README.md): proxy.py (per-reque
 streaming throughput, RouterPanel and llama.cpp's router vs direct), swap_routers.py (time to
 first byte of a forced swap, and swap.py's scheduling part alone), scale.py (10,000 waiters over
 200 presets), memory.py (RouterPanel's own RSS), panel_latency.py (router event to dashboard, in
-headless Chromium). ``--quick`` runs every part with small counts
-to check that it works; its numbers are not worth reporting.
+headless Chromium), burst.py (1,000 concurrent requests over 3 models with models_max 2).
+``--quick`` runs every part with small counts to check that it works; its numbers are not worth
+reporting.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common, memory, panel_latency, proxy, scale, swap_routers
+from bench import burst, common, memory, panel_latency, proxy, scale, swap_routers
 from bench.common import Table
 
 COMMAND = ".venv/bin/python bench/run_all.py --out bench/results/latest.md"
@@ -36,6 +37,7 @@ def parts(quick: bool) -> dict[str, Callable[[], list[Table]]]:
             "scale": lambda: scale.run(waiters=1000, samples=30),
             "memory": lambda: memory.run(seconds=3),
             "panel": lambda: panel_latency.run(cycles=2),
+            "burst": lambda: burst.run(requests=100),
         }
     return {
         "proxy": proxy.run,
@@ -43,6 +45,7 @@ def parts(quick: bool) -> dict[str, Callable[[], list[Table]]]:
         "scale": scale.run,
         "memory": memory.run,
         "panel": panel_latency.run,
+        "burst": burst.run,
     }
 
 

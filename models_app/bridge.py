@@ -11,16 +11,23 @@ Two ways to the router, one API:
   (a burst of requests queues in the engine, never in a channel), no lease renewals (a lease
   held by this process cannot outlive it). Progress of a streamed answer is written straight
   into the engine for its hang watchdog.
-* **Over the channel layer** (team mode: ``runrouter`` elsewhere, Redis between). Every message
-  carries ``expires`` (wall clock): the router drops one that arrives after it, so a request the
-  web side already answered with an error never runs later. A web process that gives up sends
-  ``router.cancel``. While a request waits in the queue, the router's heartbeat (liveness.py)
-  is watched: a dead or restarted router answers it 503 within seconds. Anything the layer
-  refuses (Redis away, a full channel) is a 503 ``router unavailable`` with Retry-After.
+* **Over the channel layer** (team mode: ``runrouter`` elsewhere, Redis between). Whether the
+  router lives is the router's heartbeat's to say (liveness.py), not a timeout: a request waits
+  for its first answer as long as the router beats (at most ``FIRST_ANSWER_CAP``), so a burst
+  that keeps the router busy is served, not refused; a dead, frozen or restarted router answers
+  every waiter 503 within seconds. Every message carries ``sent`` and ``expires`` (wall clock)
+  and the ``boot`` the sender believes in; the router drops one that its sender has given up on
+  — expired, for another boot, sent before this router started, or arriving while its own
+  heartbeat has lapsed (the senders then saw it dead) — so a request the web side answered with
+  an error never runs later. A web process that gives up also sends ``router.cancel``. While
+  queued, a waiter that hears nothing for ``QUEUED_RECHECK`` asks again (``router.waiting``), so
+  a lost answer costs seconds, not the request. Anything the layer refuses (Redis away) is a 503
+  ``router unavailable`` with Retry-After.
 
-Messages (web → router, channel ``router``); every one has ``expires``::
+Messages (web → router, channel ``router``); every one has ``sent``, ``expires`` and ``boot``::
 
     router.acquire  {request_id, model, reply_channel, actor, autoload}
+    router.waiting  {request_id, reply_channel}  (still queued? answered queued/granted/rejected)
     router.renew    {lease_id, idle}            (idle: seconds since the last byte went out)
     router.release  {lease_id}
     router.cancel   {request_id}
@@ -62,6 +69,8 @@ T = TypeVar("T")
 ROUTER_CHANNEL = "router"
 EVENTS_GROUP = "router.events"
 ROUTER_TIMEOUT = 5.0  # seconds for the router's first answer before "router unavailable"
+FIRST_ANSWER_CAP = 30.0  # team mode: longest first-answer wait while the router beats
+QUEUED_RECHECK = 10.0  # team mode: seconds of silence in the queue before asking again
 CALL_TIMEOUT = 900.0  # seconds a call may run once accepted (a reload waits for stops)
 EXPIRY_MARGIN = 1.0  # a message expires this long before its sender stops waiting
 QUIET_EXPIRY = 60.0  # renew / release / cancel: no answer awaited; stale after this
@@ -81,7 +90,9 @@ class AcquireMessage(TypedDict):
     reply_channel: str
     actor: str
     autoload: bool
+    sent: float
     expires: float
+    boot: str | None
 
 
 class QueuedMessage(TypedDict):
@@ -259,7 +270,9 @@ class RouterClient:
         watch = _watch()
         if watch is not None and (why := watch.lost(None)) is not None:
             raise router_unavailable(why)  # known dead: do not even queue a message
+        wait = self._first_wait(watch)
         reply = await self._new_channel()
+        sent, boot = time.time(), (watch.boot if watch is not None else None)
         message: AcquireMessage = {
             "type": "router.acquire",
             "request_id": request_id,
@@ -267,17 +280,38 @@ class RouterClient:
             "reply_channel": reply,
             "actor": actor,
             "autoload": autoload,
-            "expires": time.time() + self.timeout - EXPIRY_MARGIN,
+            "sent": sent,
+            "expires": sent + wait - EXPIRY_MARGIN,
+            "boot": boot,
         }
         await self._send(message)
         try:
-            answer = await self._first_answer(reply)
+            answer = await self._first_answer(reply, wait, boot)
             while answer["type"] == "router.queued":  # no deadline but the router's life
-                answer = await self._until_router_gone(self._receive(reply), answer.get("boot"))
+                answer = await self._while_queued(reply, request_id, answer.get("boot"), watch)
         except (asyncio.CancelledError, RouterRejected):
             await self._send_quietly({"type": "router.cancel", "request_id": request_id})
             raise
         return self._grant_or_raise(answer)
+
+    def _first_wait(self, watch: Any) -> float:
+        """The first answer's deadline: the heartbeat tells life in team mode, not a timeout."""
+        return self.timeout if watch is None else max(self.timeout, FIRST_ANSWER_CAP)
+
+    async def _while_queued(
+        self, reply: str, request_id: str, boot: str | None, watch: Any
+    ) -> dict[str, Any]:
+        """The next answer for a queued request; ask again after QUEUED_RECHECK of silence."""
+        if watch is None:
+            return await self._receive(reply)
+        while True:
+            try:
+                async with asyncio.timeout(QUEUED_RECHECK):
+                    return await self._until_router_gone(self._receive(reply), boot)
+            except TimeoutError:
+                recheck = {"type": "router.waiting", "request_id": request_id,
+                           "reply_channel": reply, **_stamp(watch, QUEUED_RECHECK)}  # fmt: skip
+                await self._send(recheck)
 
     async def renew(self, lease_id: str, idle: float | None = None) -> None:
         """Keep a remote lease alive; ``idle``: seconds since the last byte went out."""
@@ -344,17 +378,18 @@ class RouterClient:
         watch = _watch()
         if watch is not None and (why := watch.lost(None)) is not None:
             raise router_unavailable(why)
+        wait = self.timeout  # calls are short and pages wait for them: no burst allowance
         request_id = uuid.uuid4().hex
         reply = await self._new_channel()
         message = {
             "type": f"router.{kind}",
             "request_id": request_id,
             "reply_channel": reply,
-            "expires": time.time() + self.timeout - EXPIRY_MARGIN,
+            **_stamp(watch, wait),
             **payload,
         }
         await self._send(message)
-        answer = await self._first_answer(reply)
+        answer = await self._first_answer(reply, wait, message.get("boot"))
         if answer["type"] == "router.accepted":
             try:
                 async with asyncio.timeout(CALL_TIMEOUT):
@@ -390,10 +425,12 @@ class RouterClient:
 
     # ---- the channel layer ----------------------------------------------------------------
 
-    async def _first_answer(self, reply: str) -> dict[str, Any]:
+    async def _first_answer(
+        self, reply: str, wait: float | None = None, boot: str | None = None
+    ) -> dict[str, Any]:
         try:  # not wait_for: on Python 3.11 that makes a task per call (every acquire)
-            async with asyncio.timeout(self.timeout):
-                return await self._receive(reply)
+            async with asyncio.timeout(wait or self.timeout):
+                return await self._until_router_gone(self._receive(reply), boot)
         except TimeoutError:
             raise router_unavailable() from None
 
@@ -437,6 +474,7 @@ class RouterClient:
             raise router_unavailable() from exc
 
     async def _send_quietly(self, message: dict[str, Any]) -> None:
+        message.setdefault("sent", time.time())
         message.setdefault("expires", time.time() + QUIET_EXPIRY)
         try:
             await self.layer.send(ROUTER_CHANNEL, message)
@@ -455,6 +493,14 @@ class RouterClient:
                 answer.get("boot", ""),
             )
         raise RouterRejected(answer["status"], answer["error"], answer.get("retry_after"))
+
+
+def _stamp(watch: Any, wait: float) -> dict[str, Any]:
+    """A message's deadline fields: when it was sent, when its sender stops waiting, and the
+    router boot the sender believes alive (the router drops it when any says "stale")."""
+    sent = time.time()
+    boot = watch.boot if watch is not None else None
+    return {"sent": sent, "expires": sent + wait - EXPIRY_MARGIN, "boot": boot}
 
 
 def _watch() -> Any:
@@ -480,6 +526,11 @@ def expired(message: dict[str, Any], now: float | None = None) -> bool:
     """Whether a message's sender has stopped waiting for it (its ``expires`` has passed)."""
     expires = message.get("expires")
     return isinstance(expires, int | float) and expires < (now or time.time())
+
+
+# Messages that only give something back: always applied, however late (an unknown lease or
+# request is ignored). Every other message asks for work and is dropped when stale.
+GIVING_BACK = frozenset({"router.release", "router.renew", "router.cancel"})
 
 
 # ---- router side: building answers (worker.py only) ---------------------------------------

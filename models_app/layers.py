@@ -5,7 +5,10 @@ it dies with it: each dashboard socket closes with 1011, and a Redis restart als
 group membership, so sockets that survive hear nothing afterwards. ``ResilientRedisLayer``
 waits instead (with back-off), then joins the channel's groups again, and hands the receiver one
 ``{"type": "layer.reconnected"}`` message: messages may have been lost while Redis was away, so
-a dashboard takes a fresh snapshot. A send that meets a connection Redis dropped when it
+a dashboard takes a fresh snapshot. Its connection pools block when full, for a while,
+instead of failing at once: redis-py's default pool refuses its 101st concurrent command with
+"Too many connections", which a burst of requests reaches in milliseconds (each one sends and
+receives through the layer). A send that meets a connection Redis dropped when it
 restarted is tried once more on a fresh one; if Redis is really away it raises, and its caller
 answers 503 (the bridge).
 """
@@ -22,6 +25,8 @@ from channels_redis.core import RedisChannelLayer
 log = logging.getLogger(__name__)
 
 RECONNECTED = {"type": "layer.reconnected"}
+POOL_SIZE = 200  # connections per Redis host and process
+POOL_WAIT = 20.0  # seconds a command may wait for a free connection before it fails
 FIRST_RETRY = 0.1
 MAX_RETRY = 2.0
 
@@ -40,6 +45,18 @@ class ResilientRedisLayer(RedisChannelLayer):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self._memberships: defaultdict[str, set[str]] = defaultdict(set)
         self.outages = 0
+
+    def create_pool(self, index: int) -> Any:
+        """A blocking pool: a burst waits for a free connection instead of failing at once."""
+        import redis.asyncio as aioredis
+
+        host = dict(self.hosts[index])
+        if "address" not in host:
+            return super().create_pool(index)  # sentinels: channels_redis's own pool
+        address = host.pop("address")
+        host.setdefault("max_connections", POOL_SIZE)
+        host.setdefault("timeout", POOL_WAIT)
+        return aioredis.BlockingConnectionPool.from_url(address, **host)
 
     async def send(self, channel: str, message: dict[str, Any]) -> None:
         try:

@@ -81,6 +81,7 @@ class Heartbeat:
         self.started = time.time()
         self.failures = 0  # consecutive failed writes (Redis away)
         self.outage_since: float | None = None
+        self.last_ok: float | None = None  # monotonic time of the last beat Redis took
 
     def value(self) -> str:
         beat = Beat(self.boot, os.getpid(), socket.gethostname(), time.time(), self.started)
@@ -104,6 +105,7 @@ class Heartbeat:
                 log.warning("router heartbeat: Redis unreachable (%s); retrying", exc)
             self.failures += 1
             return False
+        self.last_ok = time.monotonic()
         if self.failures:
             down = time.monotonic() - (self.outage_since or time.monotonic())
             log.warning("router heartbeat: Redis is back after %.1f s", down)
@@ -111,6 +113,12 @@ class Heartbeat:
                 self.on_back(round(down, 3))
         self.failures, self.outage_since = 0, None
         return True
+
+    def lapsed(self, after: float) -> bool:
+        """Whether no beat has reached Redis for ``after`` seconds (a frozen loop, Redis away):
+        web processes then call this router dead. Measured now, not by the beating task, which
+        may not have run yet after a freeze."""
+        return self.last_ok is not None and time.monotonic() - self.last_ok > after
 
     async def clear(self) -> None:
         """Remove our beat at a clean stop, so web processes know at once."""

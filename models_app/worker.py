@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -89,6 +90,7 @@ class RouterHost:
         """
         global _host
         self.loop = asyncio.get_running_loop()
+        self.started_at = time.time()  # messages sent before this were for an earlier router
         config, presets = await sync_to_async(specs.load_specs)(self.overrides)
         self.engine = Engine(config, presets, state_file=self.state_file)
         # Issue 5: the audit log and the metrics are listeners; the writer stores rows from a
@@ -276,11 +278,27 @@ class RouterHost:
         await self.layer.send(reply, answer)
 
     def _queue_position(self, model: str) -> int:
-        name = self._engine.resolve(model) or model
-        for row in self._engine.snapshot()["models"]:
-            if row["name"] == name:
-                return int(row.get("queue_position") or 0)
-        return 0
+        return self._engine.queue_position(model)
+
+    def router_waiting(self, message: dict[str, Any]) -> None:
+        """A queued web request heard nothing for a while: say where it stands (a lost answer
+        is sent again; a request this router does not know is answered 503)."""
+        request_id, reply = message["request_id"], message["reply_channel"]
+        lease = self._engine.lease_for(request_id)
+        answer: dict[str, Any]
+        if request_id in self._acquires:
+            position = self._queue_position(message.get("model") or "")
+            answer = dict(bridge.queued(request_id, position, self.boot))
+        elif lease is not None:
+            ttl = self._engine.config.lease_ttl
+            answer = dict(
+                bridge.granted(request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot)
+            )
+        else:
+            text = "the router does not know this request (it restarted, or the request was lost)"
+            error = bridge.error_body(503, text, "unavailable_error")
+            answer = dict(bridge.rejected(request_id, 503, error, 5, self.boot))
+        self._spawn(self.layer.send(reply, answer))
 
     def router_renew(self, message: dict[str, Any]) -> None:
         idle = message.get("idle")
@@ -320,13 +338,35 @@ class RouterHost:
 
     def handler(self, message_type: str) -> Callable[[dict[str, Any]], None] | None:
         """The handler of a message type, or None for a type this router does not know."""
-        if message_type in ("router.acquire", "router.renew", "router.release", "router.cancel"):
+        if message_type in (
+            "router.acquire", "router.waiting", "router.renew", "router.release", "router.cancel"
+        ):  # fmt: skip
             return getattr(self, message_type.replace(".", "_"))  # type: ignore[no-any-return]
         if message_type.removeprefix("router.") in self._calls:
             return self.router_call
         return None
 
     # ---- messages whose sender gave up ------------------------------------------------------
+
+    def stale(self, message: dict[str, Any]) -> bool:
+        """Whether the message's sender has given up on it, so it must not run (bridge.py).
+
+        Expired; addressed to another boot; sent before this router started; or arriving while
+        this router's heartbeat has lapsed (it was frozen, or Redis was away), when every web
+        process saw it dead and answered its waiters. Messages that give something back
+        (release, renew, cancel) are never stale.
+        """
+        if message.get("type") in bridge.GIVING_BACK:
+            return False
+        if bridge.expired(message):
+            return True
+        boot, sent = message.get("boot"), message.get("sent")
+        if boot and boot != self.boot:
+            return True
+        if isinstance(sent, int | float) and sent < getattr(self, "started_at", 0.0):
+            return True
+        beat = getattr(self, "_beat", None)
+        return beat is not None and beat.lapsed(liveness.DEAD_AFTER)
 
     def drop_expired(self, message: dict[str, Any]) -> None:
         """Drop a message that arrived after its deadline (its sender answered the client
@@ -353,7 +393,7 @@ class RouterConsumer(AsyncConsumer):
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         host = current_host()
-        if host is not None and bridge.expired(message):
+        if host is not None and host.stale(message):
             host.drop_expired(message)  # its sender has answered its client: never run it
             return
         handler = host.handler(message["type"]) if host else None

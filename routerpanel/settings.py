@@ -123,9 +123,10 @@ if REDIS_URL:
                 ],
                 "prefix": f"{ROUTERPANEL_REDIS_PREFIX}:asgi:",
                 "capacity": 1000,
-                # A burst of requests must not overflow the router's channel (ChannelFull is a
-                # 503 at the web side, never a 500); messages carry their own deadlines.
-                "channel_capacity": {"router": 100_000},
+                # A burst must overflow neither the router's channel nor a web process's reply
+                # channels (all of one process's replies share one Redis key): a lost reply is
+                # seconds of waiting (bridge.QUEUED_RECHECK). Messages carry their deadlines.
+                "channel_capacity": {"router": 100_000, "specific.*": 100_000},
                 "expiry": 30,
             },
         }
@@ -215,6 +216,6 @@ LOGGING = {
     # start-up chatter (serve prints the URL once the socket listens). LOG_LEVEL=DEBUG shows all.
     "loggers": {
         name: {"level": "WARNING" if LOG_LEVEL == "INFO" else LOG_LEVEL}
-        for name in ("celery.app.trace", "daphne.server")
+        for name in ("celery.app.trace", "daphne.server", "axes.apps")
     },
 }

@@ -394,6 +394,12 @@ class Callers:
             del self._revoked[next(iter(self._revoked))]
         return [lease.request_id for lease in ended]
 
+    def lease_for(self, request_id: str) -> Lease | None:
+        """The lease granted to this request, if it still runs."""
+        lease_id = self._by_request.get(request_id)
+        record = self._leases.get(lease_id) if lease_id is not None else None
+        return None if record is None else record.lease
+
     def why_ended(self, lease_id: str) -> RouterError | None:
         """Return why the router ended this lease (it was revoked), or None."""
         return self._revoked.get(lease_id)

@@ -182,6 +182,15 @@ class Engine:
         """Return the error the router ended this lease with (a hung child), or None."""
         return self._callers.why_ended(lease_id)
 
+    def lease_for(self, request_id: str) -> Lease | None:
+        """Return the lease granted to this request while it runs (a caller lost the grant)."""
+        return self._callers.lease_for(request_id)
+
+    def queue_position(self, model: str) -> int:
+        """Return the model's 1-based place in the queue, 0 when it has no entry (cheap)."""
+        name = self.resolve(model) or model
+        return next((e.position for e in self._scheduler.queue() if e.model == name), 0)
+
     def note(self, type_: str, data: dict[str, Any]) -> None:
         """Publish an adapter's fact (a dropped message) in order with the engine's events."""
         self._post(commands.Note(type_, data))

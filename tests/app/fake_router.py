@@ -226,6 +226,9 @@ class FakeRouter:
     async def router_renew(self, message: dict[str, Any]) -> None:
         pass
 
+    async def router_waiting(self, message: dict[str, Any]) -> None:
+        pass
+
     async def router_release(self, message: dict[str, Any]) -> None:
         self.leases.pop(message["lease_id"], None)
 
