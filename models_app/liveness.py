@@ -82,6 +82,7 @@ class Heartbeat:
         self.failures = 0  # consecutive failed writes (Redis away)
         self.outage_since: float | None = None
         self.last_ok: float | None = None  # monotonic time of the last beat Redis took
+        self.resumed_at = 0.0  # wall clock: the end of the last lapse (see ``stale_before``)
 
     def value(self) -> str:
         beat = Beat(self.boot, os.getpid(), socket.gethostname(), time.time(), self.started)
@@ -105,6 +106,8 @@ class Heartbeat:
                 log.warning("router heartbeat: Redis unreachable (%s); retrying", exc)
             self.failures += 1
             return False
+        if self.lapsed(DEAD_AFTER):  # web processes saw us dead: what they sent until now is
+            self.resumed_at = time.time()  # answered already (``stale_before``)
         self.last_ok = time.monotonic()
         if self.failures:
             down = time.monotonic() - (self.outage_since or time.monotonic())
@@ -113,6 +116,11 @@ class Heartbeat:
                 self.on_back(round(down, 3))
         self.failures, self.outage_since = 0, None
         return True
+
+    def stale_before(self) -> float:
+        """Messages sent before this wall-clock time were given up on by their senders: they
+        were sent before, or during, a lapse of the heartbeat (``lapsed`` now, or earlier)."""
+        return time.time() if self.lapsed(DEAD_AFTER) else self.resumed_at
 
     def lapsed(self, after: float) -> bool:
         """Whether no beat has reached Redis for ``after`` seconds (a frozen loop, Redis away):

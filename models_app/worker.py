@@ -363,10 +363,12 @@ class RouterHost:
         boot, sent = message.get("boot"), message.get("sent")
         if boot and boot != self.boot:
             return True
-        if isinstance(sent, int | float) and sent < getattr(self, "started_at", 0.0):
+        if not isinstance(sent, int | float):
+            return False
+        if sent < getattr(self, "started_at", 0.0):
             return True
         beat = getattr(self, "_beat", None)
-        return beat is not None and beat.lapsed(liveness.DEAD_AFTER)
+        return beat is not None and sent < beat.stale_before()
 
     def drop_expired(self, message: dict[str, Any]) -> None:
         """Drop a message that arrived after its deadline (its sender answered the client

@@ -216,6 +216,7 @@ LOGGING = {
     # start-up chatter (serve prints the URL once the socket listens). LOG_LEVEL=DEBUG shows all.
     "loggers": {
         name: {"level": "WARNING" if LOG_LEVEL == "INFO" else LOG_LEVEL}
-        for name in ("celery.app.trace", "daphne.server", "axes.apps")
+        for name in ("daphne.server", "axes.apps")
+        + (() if REDIS_URL else ("celery.app.trace",))  # a team-mode worker says what it ran
     },
 }
