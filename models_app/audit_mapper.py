@@ -202,7 +202,7 @@ class AuditMapper:
         row = _row(
             seq, t, AuditKind.HUNG, model=model, from_state=frm, actor="watchdog",
             reason=f"no progress for {d.get('idle_seconds', 0):.0f} s ({d.get('probe')}); "
-            f"killed with {d.get('in_flight', 0)} requests in flight ({who})",
+            f"killed with {_requests(d.get('in_flight') or 0)} in flight ({who})",
             idle_seconds=d.get("idle_seconds"), memory_before=self._used(),
             details={
                 "pid": d.get("pid"), "in_flight": d.get("in_flight"), "holders": holders,
@@ -501,6 +501,10 @@ def _row(seq: int, t: float, kind: str, **fields: Any) -> Row:
     row.update(fields)
     row.setdefault("details", {})
     return row
+
+
+def _requests(n: int) -> str:
+    return f"{n} request" if n == 1 else f"{n} requests"
 
 
 def _exit_details(d: dict[str, Any]) -> dict[str, Any]:

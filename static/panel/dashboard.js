@@ -88,6 +88,7 @@
     field(el, "last_used").dataset.epoch = m.last_used || "";
     setText(el, "stop_timeout", m.stop_timeout === null || m.stop_timeout === undefined ? "—" : `${Math.round(m.stop_timeout)} s`);
     setText(el, "last_exit", exitText(m.last_exit));
+    renderBackoff(el, m);
     const line = field(el, "lastline");
     line.hidden = !(m.note || (state === "loading" && m.lastline));
     line.textContent = m.note || m.lastline || "";
@@ -130,6 +131,18 @@
     }
   }
 
+  // A crash loop holds the next start back: say why and count down (backoff.until is wall time).
+  function renderBackoff(el, m) {
+    const b = m.backoff;
+    const left = b ? b.until - Date.now() / 1000 : 0;
+    show(el, "backoff", left > 0);
+    if (left > 0) {
+      const times = b.strikes === 1 ? "once" : `${b.strikes}× in a row`;
+      setText(el, "backoff", `Held back after a crash loop: died soon after start ${times} ` +
+        `(last: ${b.reason}); next start in ${seconds(left)} — Load starts it now`);
+    }
+  }
+
   function exitText(exit) {
     if (!exit) return "—";
     const parts = [exit.clean ? "clean" : "unexpected"];
@@ -151,6 +164,7 @@
     setText(el, "since", text);
     const used = field(el, "last_used");
     setText(el, "last_used", ago(Number(used.dataset.epoch) || null));
+    renderBackoff(el, m);
   }
 
   function markSince(name, state, time) {
@@ -212,6 +226,7 @@
         m.progress = null;
         m.lastline = null;
         m.note = null;
+        m.backoff = null;
       }
       if (down) Object.assign(m, { pid: null, port: null, memory: null, in_flight: 0, holders: {} });
       markSince(d.model, stateKey(d.to, d.stopping), ev.time);
@@ -248,6 +263,20 @@
           line.textContent = d.text;
         }
       }
+    },
+    "model.hung"(d) {
+      const m = model(d.model);
+      const who = holdersText(d.holders) || "nobody";
+      const n = d.in_flight || 0;
+      m.note = `Killed as hung: no progress for ${seconds(d.idle_seconds || 0)} (${d.probe}); ` +
+        `${n} request${n === 1 ? "" : "s"} in flight (${who}) answered 503`;
+      render(m);
+      scheduleRefresh();
+    },
+    "model.backoff"(d) {
+      const m = model(d.model);
+      m.backoff = { until: d.until, strikes: d.strikes, reason: d.reason };
+      render(m);
     },
     "model.stuck"(d) {
       const m = model(d.model);

@@ -50,10 +50,16 @@ class PanelServer:
     """``manage.py serve --demo`` in its own process group."""
 
     def __init__(
-        self, data_dir: Path, *, models_max: int = 2, env: dict[str, str] | None = None
+        self,
+        data_dir: Path,
+        *,
+        models_max: int = 2,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = ("--demo",),
     ) -> None:
         self.data_dir = data_dir
         self.env = env or {}
+        self.args = args
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.models_max = models_max
@@ -74,7 +80,7 @@ class PanelServer:
         }
         env.pop("REDIS_URL", None)
         env.pop("DATABASE_URL", None)
-        argv = [sys.executable, "manage.py", "serve", "--demo", "--port", str(self.port),
+        argv = [sys.executable, "manage.py", "serve", *self.args, "--port", str(self.port),
                 "--models-max", str(self.models_max), "--data-dir", str(self.data_dir)]  # fmt: skip
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
