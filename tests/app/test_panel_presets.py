@@ -67,6 +67,32 @@ class TestCreate:
         assert (row.model, row.actor) == ("org/tiny:Q8_0", "user:ada")
         assert panel_router.of_kind("reload") == [{"actor": "user:ada"}]
 
+    @pytest.mark.parametrize("value", ["-1", "soon", "nan"])
+    def test_a_hang_timeout_that_is_not_a_non_negative_number_is_a_field_error(
+        self, admin_client: Client, panel_router: RouterStub, value: str
+    ) -> None:
+        response = admin_client.post("/presets/new/", form(hang_timeout=value))
+        assert response.status_code == 200
+        errors = response.context["form"].errors
+        assert list(errors) == ["hang_timeout"], errors
+        assert not Preset.objects.exists()
+
+    def test_a_hang_timeout_is_saved_and_zero_turns_the_watchdog_off(
+        self, admin_client: Client, panel_router: RouterStub
+    ) -> None:
+        assert admin_client.post("/presets/new/", form(hang_timeout="2.5")).status_code == 302
+        assert Preset.objects.get().hang_timeout == 2.5
+        from models_app.specs import load_specs
+
+        _, specs = load_specs()
+        assert specs[0].hang_timeout == 2.5
+        Preset.objects.update(hang_timeout=0)
+        _, specs = load_specs()
+        assert specs[0].hang_timeout is None  # off
+        Preset.objects.update(hang_timeout=None)
+        _, specs = load_specs()
+        assert specs[0].hang_timeout == 60.0  # the router settings' default
+
     def test_rows_reject_a_key_given_twice_and_options_with_their_own_field(
         self, admin_client: Client, panel_router: RouterStub
     ) -> None:
