@@ -44,8 +44,8 @@ from bench import common
 from bench.common import Table
 from routerpanel.router import supervisor
 from routerpanel.router.config import PresetSpec, RouterConfig
+from routerpanel.router.decisions import Grant, Spawn, Stop
 from routerpanel.router.engine import Engine
-from routerpanel.router.events import Grant, Spawn, Stop
 from routerpanel.router.scheduler import Scheduler
 
 MODELS_MAX = 4

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models_app.models import AuditKind
+from routerpanel.router.decisions import StopReason
 from routerpanel.router.engine import EngineEvent
-from routerpanel.router.events import StopReason
 
 log = logging.getLogger(__name__)
 

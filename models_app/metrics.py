@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from routerpanel.router.decisions import StopReason
 from routerpanel.router.engine import EngineEvent
-from routerpanel.router.events import StopReason
 from routerpanel.router.states import ModelState
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"

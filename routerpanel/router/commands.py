@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from routerpanel.router.config import PresetSpec, RouterConfig
-from routerpanel.router.events import Grant, Reject, RequestKind
+from routerpanel.router.decisions import Grant, Reject, RequestKind
 from routerpanel.router.memory import ChildMemory, SystemMemory, children_memory, system_memory
 from routerpanel.router.supervisor import SupervisorEvent
 from routerpanel.router.watchdog import Reading

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from routerpanel.router import commands, events, feed, memory, probe, supervisor, watchdog
+from routerpanel.router import commands, decisions, feed, memory, probe, supervisor, watchdog
 from routerpanel.router.commands import Lease, RouterError, fail, resolve, unavailable
 from routerpanel.router.config import PresetSpec, RouterConfig, preset_map, startup_loads
 from routerpanel.router.feed import EngineEvent, Subscription
@@ -40,8 +40,8 @@ __all__ = ["Engine", "EngineEvent", "Lease", "RouterError", "Subscription"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SHUTDOWN_GRACE = 15.0  # past the longest stop-timeout: SIGKILL grace and reaping (S4, S6)
-EVICTIONS = (events.StopReason.EVICTION, events.StopReason.SHRINK)
-HUNG = events.StopReason.HUNG
+EVICTIONS = (decisions.StopReason.EVICTION, decisions.StopReason.SHRINK)
+HUNG = decisions.StopReason.HUNG
 Post = Callable[[supervisor.SupervisorEvent], None]
 Prober = Callable[[int, float], Awaitable[watchdog.Reading | None]]
 
@@ -157,7 +157,7 @@ class Engine:
         process passes ``renewable=False``: its lease never expires, so it never renews.
         """
         name = self._require(model, 400, "invalid_request_error")
-        kind = events.RequestKind.PROXY
+        kind = decisions.RequestKind.PROXY
         lease = await self._request(name, request_id, actor, kind, autoload, renewable)
         assert lease is not None
         return lease
@@ -211,7 +211,7 @@ class Engine:
         """
         name = self._require(model, 404, "not_found_error")
         load_id = f"load-{uuid.uuid4().hex}"
-        await self._request(name, load_id, actor, events.RequestKind.LOAD, True)
+        await self._request(name, load_id, actor, decisions.RequestKind.LOAD, True)
 
     async def unload(self, model: str, *, actor: str = "") -> None:
         """Start stopping the model (busy or not); return without waiting for the exit."""
@@ -379,7 +379,7 @@ class Engine:
         out = self._scheduler.cancel_waiting(
             now=now, actor=actor, model=cmd.model, request_id=cmd.request_id
         )
-        rejects = [d for d in out if isinstance(d, events.Reject)]
+        rejects = [d for d in out if isinstance(d, decisions.Reject)]
         if not rejects:
             where = f"model '{cmd.model}'" if cmd.model else f"id '{cmd.request_id}'"
             text = f"no queued request for {where}"
@@ -399,7 +399,7 @@ class Engine:
         old, self._specs = self._specs, preset_map(cmd.presets)
         self._aliases = _alias_map(self._specs)
         self._retired.update({n: s for n, s in old.items() if n not in self._specs})
-        done = feed.reload_data(next(d for d in out if isinstance(d, events.PresetsReloaded)))
+        done = feed.reload_data(next(d for d in out if isinstance(d, decisions.PresetsReloaded)))
         self._apply(out)
         self._forget_gone()
         resolve(cmd.future, {k: v for k, v in done.items() if k != "actor"})
@@ -559,13 +559,13 @@ class Engine:
     # ---- decisions --------------------------------------------------------------------------
 
     def _apply(
-        self, out: list[events.Decision], note: tuple[str, dict[str, Any]] | None = None
+        self, out: list[decisions.Decision], note: tuple[str, dict[str, Any]] | None = None
     ) -> None:
         """Carry out decisions in order; follow-ups (a grant nobody takes) go last."""
         pending = deque(out)
         while pending:
             decision = pending.popleft()
-            if isinstance(decision, events.StateChanged):  # paired with the action after it
+            if isinstance(decision, decisions.StateChanged):  # paired with the action after it
                 data = feed.state_data(decision, pending[0] if pending else None)
                 extra = note[1] if note is not None and note[0] == decision.model else {}
                 self._facts.child(decision.model).state_since = time.time()
@@ -573,33 +573,33 @@ class Engine:
             else:
                 pending.extend(self._act(decision))
 
-    def _act(self, decision: events.Decision) -> list[events.Decision]:
-        if isinstance(decision, events.Grant):
+    def _act(self, decision: decisions.Decision) -> list[decisions.Decision]:
+        if isinstance(decision, decisions.Grant):
             port = self._facts.child(decision.model).port or 0
             now = self._clock()
             renewable = self._callers.renewable(decision.request_id)
             expires = now + self._config.lease_ttl if renewable else math.inf
             if not self._callers.grant(decision, port, expires, now):  # its caller left (A7)
                 return self._scheduler.request_finished(decision.request_id, now=now)
-        elif isinstance(decision, events.Reject):
+        elif isinstance(decision, decisions.Reject):
             self._callers.reject(decision.request_id, RouterError.from_reject(decision))
-        elif isinstance(decision, events.Spawn):
+        elif isinstance(decision, decisions.Spawn):
             self._spawn(decision)
-        elif isinstance(decision, events.Stop | events.Kill):
+        elif isinstance(decision, decisions.Stop | decisions.Kill):
             self._stop(decision)
-        elif isinstance(decision, events.QueueChanged):
+        elif isinstance(decision, decisions.QueueChanged):
             data = feed.queue_data(decision.entries, self._wall, self._request_rows)
             self._emit("queue.changed", data)
-        elif isinstance(decision, events.Settled):
+        elif isinstance(decision, decisions.Settled):
             self._emit("memory.settled", dataclasses.asdict(decision))
-        elif isinstance(decision, events.BackedOff):
+        elif isinstance(decision, decisions.BackedOff):
             until = time.time() + decision.seconds
             self._emit("model.backoff", dataclasses.asdict(decision) | {"until": until})
-        elif isinstance(decision, events.PresetsReloaded):
+        elif isinstance(decision, decisions.PresetsReloaded):
             self._emit("presets.reloaded", feed.reload_data(decision))
         return []
 
-    def _spawn(self, spawn: events.Spawn) -> None:
+    def _spawn(self, spawn: decisions.Spawn) -> None:
         # unloaded -> loading happened in the scheduler: the slot is real (A6)
         self._facts.spawning(spawn.model, spawn.spec.argv)
         task = asyncio.create_task(self._spawn_child(spawn.spec), name=f"spawn {spawn.model}")
@@ -617,14 +617,14 @@ class Engine:
             log.warning("spawning %s failed: %s", spec.name, error)
             self._post(feed.spawn_failure(spec.name, error))
 
-    def _stop(self, decision: events.Stop | events.Kill) -> None:
+    def _stop(self, decision: decisions.Stop | decisions.Kill) -> None:
         """Publish who is stopped and why (the audit journals it first), then stop or kill."""
         name = decision.model
         if decision.reason in EVICTIONS:
             self._emit("model.evicted", feed.eviction_data(decision, self._facts.latest))
         elif decision.reason is HUNG:
             self._emit("model.hung", self._hangs.pop(name, {"model": name}))
-        if isinstance(decision, events.Stop):
+        if isinstance(decision, decisions.Stop):
             done = self._supervisor.stop(name, decision.stop_timeout)  # S4: SIGKILL at deadline
         else:
             done = self._supervisor.kill(name)
@@ -686,7 +686,7 @@ class Engine:
         name: str,
         request_id: str,
         actor: str,
-        kind: events.RequestKind,
+        kind: decisions.RequestKind,
         autoload: bool,
         renewable: bool = True,
     ) -> Lease | None:

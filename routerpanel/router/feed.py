@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from routerpanel.router.config import PresetSpec, RouterConfig
-from routerpanel.router.events import (
+from routerpanel.router.decisions import (
     Decision,
     Kill,
     ModelView,

@@ -3,7 +3,7 @@
 ``Scheduler`` owns the model table (state, stopping flag, in-flight count, last_used, consecutive
 failed loads) and the FIFO queue (one entry per model; its waiters share it, A2). It does no I/O,
 never logs, sleeps or reads a clock: every input takes ``now`` (monotonic seconds) and returns
-``list[Decision]`` (events.py) in the order things happened. One owner calls it; no locks.
+``list[Decision]`` (decisions.py) in the order things happened. One owner calls it; no locks.
 
 Inputs (all keyword ``now``):
   request_arrived(request_id, model, actor=, kind=)  a proxy request or a load (A9) wants a model
@@ -66,7 +66,7 @@ from typing import Literal
 
 from routerpanel.router.backoff import CrashLoop
 from routerpanel.router.config import PresetSpec, RouterConfig, preset_map
-from routerpanel.router.events import (
+from routerpanel.router.decisions import (
     SCHEDULER_ACTOR,
     BackedOff,
     Decision,

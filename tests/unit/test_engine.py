@@ -746,7 +746,7 @@ class TestMemory:
 
 
 def test_queue_rows_are_made_once_per_waiting_request_and_dropped_when_it_leaves() -> None:
-    from routerpanel.router.events import QueueEntryView, RequestKind, WaiterView
+    from routerpanel.router.decisions import QueueEntryView, RequestKind, WaiterView
     from routerpanel.router.feed import RequestRows, queue_data
 
     def wall(t: float) -> float:

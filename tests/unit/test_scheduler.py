@@ -13,7 +13,7 @@ from routerpanel.router.config import (
     preset_map,
     startup_loads,
 )
-from routerpanel.router.events import (
+from routerpanel.router.decisions import (
     Decision,
     Grant,
     Kill,

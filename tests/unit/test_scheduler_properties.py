@@ -34,7 +34,7 @@ from hypothesis.stateful import (
 )
 
 from routerpanel.router.config import PresetSpec, RouterConfig
-from routerpanel.router.events import (
+from routerpanel.router.decisions import (
     Decision,
     Grant,
     Kill,

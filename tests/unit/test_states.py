@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from routerpanel.router.config import PresetSpec, RouterConfig
-from routerpanel.router.events import StateChanged
+from routerpanel.router.decisions import StateChanged
 from routerpanel.router.scheduler import Scheduler
 from routerpanel.router.states import (
     ALLOWED,

@@ -35,7 +35,7 @@ the whole group gets SIGKILL. The leader's exit is awaited through the loop's ch
 (S5; on Python 3.11 ``Process.wait()`` would also wait for pipes a grandchild may hold); then
 the rest of its group is SIGKILLed, so wrappers leave no orphans, and the pipes are drained.
 
-Modules: ``core`` (the ``Supervisor``), ``events`` (what it reports), ``child`` (one child's
+Modules: ``core`` (the ``Supervisor``), ``reports`` (what it reports), ``child`` (one child's
 record), ``protocol`` (state lines, line splitting, the /health probe), ``processes`` (ports,
 environment, process groups) and ``statefile`` (the state file and leftovers, S8).
 """
@@ -44,7 +44,19 @@ from __future__ import annotations
 
 from routerpanel.router.supervisor.child import LAST_LINES
 from routerpanel.router.supervisor.core import Supervisor
-from routerpanel.router.supervisor.events import (
+from routerpanel.router.supervisor.processes import (
+    ROUTER_ONLY_ENV,
+    child_environment,
+    pick_free_port,
+)
+from routerpanel.router.supervisor.protocol import (
+    BIND_FAILURE_MARKERS,
+    EXIT_COMMAND,
+    MAX_LINE_BYTES,
+    STATE_PREFIX,
+    probe_health,
+)
+from routerpanel.router.supervisor.reports import (
     ChildExited,
     ChildInfo,
     ChildReady,
@@ -58,18 +70,6 @@ from routerpanel.router.supervisor.events import (
     SpawnError,
     Stream,
     SupervisorEvent,
-)
-from routerpanel.router.supervisor.processes import (
-    ROUTER_ONLY_ENV,
-    child_environment,
-    pick_free_port,
-)
-from routerpanel.router.supervisor.protocol import (
-    BIND_FAILURE_MARKERS,
-    EXIT_COMMAND,
-    MAX_LINE_BYTES,
-    STATE_PREFIX,
-    probe_health,
 )
 from routerpanel.router.supervisor.statefile import reap_leftovers
 

@@ -10,8 +10,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from routerpanel.router.supervisor.events import ChildStateName, LogLine
 from routerpanel.router.supervisor.flood import LogBudget
+from routerpanel.router.supervisor.reports import ChildStateName, LogLine
 
 LAST_LINES = 30
 

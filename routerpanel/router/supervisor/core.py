@@ -17,19 +17,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from routerpanel.router.supervisor.child import _Child, _exit_error, _Launch
-from routerpanel.router.supervisor.events import (
-    ChildExited,
-    ChildInfo,
-    ChildReady,
-    ChildStarted,
-    ChildState,
-    ChildStuck,
-    JSONObject,
-    LogLine,
-    SpawnError,
-    Stream,
-    SupervisorEvent,
-)
 from routerpanel.router.supervisor.flood import FLOOD_PAUSE, STATE_MARKER, holds_marker, last_line
 from routerpanel.router.supervisor.processes import (
     ROUTER_ONLY_ENV,
@@ -47,6 +34,19 @@ from routerpanel.router.supervisor.protocol import (
     STATE_PREFIX,
     _LineSplitter,
     probe_health,
+)
+from routerpanel.router.supervisor.reports import (
+    ChildExited,
+    ChildInfo,
+    ChildReady,
+    ChildStarted,
+    ChildState,
+    ChildStuck,
+    JSONObject,
+    LogLine,
+    SpawnError,
+    Stream,
+    SupervisorEvent,
 )
 from routerpanel.router.supervisor.statefile import _atomic_write
 

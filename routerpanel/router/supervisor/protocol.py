@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from routerpanel.router.supervisor.events import ChildStateName
+from routerpanel.router.supervisor.reports import ChildStateName
 
 STATE_PREFIX = "cmd_child_to_router:state:"
 EXIT_COMMAND = b"cmd_router_to_child:exit\n"

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import psutil  # type: ignore[import-untyped, unused-ignore]  # no stubs: types-psutil
 
-from routerpanel.router.supervisor.events import Leftover
+from routerpanel.router.supervisor.reports import Leftover
 
 
 def _atomic_write(path: Path, text: str) -> None:
