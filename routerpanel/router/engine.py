@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from routerpanel.router import commands, decisions, feed, memory, probe, supervisor, watchdog
-from routerpanel.router.commands import Lease, RouterError, fail, resolve, unavailable
+from routerpanel.router.callers import Callers, fail, resolve
 from routerpanel.router.config import PresetSpec, RouterConfig, preset_map, startup_loads
+from routerpanel.router.errors import Lease, RouterError, unavailable
 from routerpanel.router.feed import EngineEvent, Subscription
 from routerpanel.router.scheduler import NotRunningError, Scheduler, UnknownModelError
 from routerpanel.router.states import LOADED, RUNNING, SERVABLE
+from routerpanel.router.timer import Timer, sample_memory
 
 __all__ = ["Engine", "EngineEvent", "Lease", "RouterError", "Subscription"]
 
@@ -78,10 +80,10 @@ class Engine:
         self._feed = feed.Feed()
         self._request_rows = feed.RequestRows()  # queued requests' rows, made once each
         self._facts = feed.Facts(math.ceil(3600 / memory_interval) if memory_interval else 3600)
-        self._callers = commands.Callers()
+        self._callers = Callers()
         self._spawning: dict[str, asyncio.Task[None]] = {}  # until ChildStarted or the exit
         self._kill_on_start: set[str] = set()  # Kill decided while the spawn was in flight
-        self._timer = commands.Timer(clock, self._post)
+        self._timer = Timer(clock, self._post)
         self._watchdog = watchdog.Watchdog()
         self._prober = prober
         self._hangs: dict[str, dict[str, Any]] = {}  # model -> the verdict's facts, until killed
@@ -128,9 +130,7 @@ class Engine:
         self._tasks.append(asyncio.create_task(self._timer.run(), name="router timer"))
         if self._memory_interval:
             pids = self._live_pids
-            sampler = commands.sample_memory(
-                self._memory_interval, pids, self._post, self._sample_soon
-            )
+            sampler = sample_memory(self._memory_interval, pids, self._post, self._sample_soon)
             self._tasks.append(asyncio.create_task(sampler, name="router memory"))
         left = [dataclasses.asdict(x) for x in leftovers]
         self._emit("router.started", {"models": sorted(self._specs), "leftovers": left})
