@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models_app.models import AuditKind
+from routerpanel.router.catalogue import Event
 from routerpanel.router.decisions import StopReason
 from routerpanel.router.engine import EngineEvent
 
@@ -48,6 +49,11 @@ STOP_KINDS = {
 }
 EVICTIONS = (StopReason.EVICTION, StopReason.SHRINK)
 OWN_ROW = (*EVICTIONS, StopReason.HUNG)  # the stop's own event (evicted, hung) makes the row
+# Events that make no row and feed no row: the rest of the catalogue has a handler below.
+IGNORED = frozenset(
+    {Event.MODEL_PROGRESS, Event.MODEL_LOG, Event.ROUTER_STOPPING, Event.PRESETS_RELOADED,
+     Event.SETTINGS_CHANGED}
+)  # fmt: skip
 
 
 def new_router_id() -> str:
@@ -97,12 +103,7 @@ class AuditMapper:
         self._settle_expected = settle_expected
         self.stop_grace = stop_grace
         self.after_exit = after_exit
-        self._stops: dict[str, _Stop] = {}
-        self._stopping: dict[str, tuple[str, str, float | None]] = {}  # from, action, timeout
-        self._states: dict[str, str] = {}
-        self._loads: dict[str, str] = {}  # model -> actor of the spawn it is loading for
-        self._last_exit: dict[str, dict[str, Any]] = {}
-        self._tickets: set[int] = set()
+        self._stops: dict[str, _Stop] = {}  # stop rows waiting for their victim's exit
         self._system: dict[str, Any] | None = None  # the last memory sample's system part
         self.last_seq = 0
         self.missed = 0  # events never seen (a seq gap: the host's subscription fell behind)
@@ -114,9 +115,11 @@ class AuditMapper:
             self.missed += event.seq - self.last_seq - 1
             log.warning("audit: events %d-%d were never seen", self.last_seq + 1, event.seq - 1)
         self.last_seq = max(self.last_seq, event.seq)
-        handler = getattr(self, event.type.replace(".", "_"), None)
+        handler = self._handlers.get(event.type)
         if handler is not None:
             handler(event.seq, event.time, event.data)
+        elif event.type not in IGNORED:
+            log.error("audit: no handler for event type %r", event.type)
         self.expire(event.time)
 
     def expire(self, now: float) -> None:
@@ -135,34 +138,43 @@ class AuditMapper:
         stops = sorted(self._stops.values(), key=lambda s: s.row["seq"])
         return [(stop.row, sorted(stop.waiting)) for stop in stops]
 
+    @property
+    def _handlers(self) -> dict[Event, Callable[[int, float, Any], None]]:
+        """The explicit table of what this reader handles (catalogue.py); IGNORED the rest."""
+        return {
+            Event.MODEL_STATE: self.model_state, Event.MODEL_EVICTED: self.model_evicted,
+            Event.MODEL_HUNG: self.model_hung, Event.MODEL_EXITED: self.model_exited,
+            Event.MODEL_STUCK: self.model_stuck, Event.MODEL_BACKOFF: self.model_backoff,
+            Event.LEASE_EXPIRED: self.lease_expired, Event.QUEUE_CANCELLED: self.queue_cancelled,
+            Event.QUEUE_CHANGED: self.queue_changed, Event.ROUTER_STARTED: self.router_started,
+            Event.MEMORY_SAMPLE: self.memory_sample, Event.MEMORY_SETTLED: self.memory_settled,
+            Event.MESSAGE_EXPIRED: self.message_expired,
+            Event.SERVICE_OUTAGE: self.service_outage,
+        }  # fmt: skip
+
     # ---- handlers, named after the event types (STYLE 13) ------------------------------------
 
     def model_state(self, seq: int, t: float, d: dict[str, Any]) -> None:
-        model, frm, to = d["model"], d["from"], d["to"]
-        self._states[model] = to
+        frm, to = d["from"], d["to"]
         trigger = d.get("trigger") or {}
         action = d.get("action")
         if d.get("stopping") and action in ("stop", "kill") and frm == to:
             self._stopping_started(seq, t, d, action, trigger)
         elif to == "loading" and action == "spawn":
-            self._loads[model] = trigger.get("actor") or ""
             self._row(seq, t, AuditKind.LOADING, d, trigger, memory_before=self._used())
-        elif to == "loaded" and frm == "loading" and model in self._loads:
+        elif to == "loaded" and frm == "loading" and "loaded_for" in d:  # a spawn's first ready
             row = self._row(seq, t, AuditKind.READY, d, {}, emit=False)
-            row.update(actor=self._loads.pop(model), load_seconds=d.get("load_seconds"))
+            row.update(actor=d["loaded_for"], load_seconds=d.get("load_seconds"))
             self._emit(row)
         elif to == "quarantined":
-            last = self._last_exit.get(model) or {}
-            details = {"last_lines": last.get("last_lines", [])[-LAST_LINES:]}
+            details = {"last_lines": list(d.get("log_tail") or [])[-LAST_LINES:]}
             self._row(seq, t, AuditKind.QUARANTINE, d, {}, details=details)
 
     def _stopping_started(
         self, seq: int, t: float, d: dict[str, Any], action: str, trigger: dict[str, Any]
     ) -> None:
         model = d["model"]
-        self._loads.pop(model, None)
         reason = stop_reason(d.get("stop_reason")) or StopReason.UNLOAD
-        self._stopping[model] = (d["from"], action, d.get("stop_timeout"))
         if reason in OWN_ROW:
             return  # model.evicted or model.hung follows at once, with the details
         row = self._row(seq, t, STOP_KINDS[reason], d, trigger, emit=False)
@@ -173,7 +185,7 @@ class AuditMapper:
 
     def model_evicted(self, seq: int, t: float, d: dict[str, Any]) -> None:
         victim, trigger = d["victim"], d.get("trigger") or {}
-        frm, action, timeout = self._stopping.get(victim, ("", "stop", None))
+        frm, action, timeout = d.get("from_state", ""), d.get("action", "stop"), d["stop_timeout"]
         reason = StopReason(d["reason"])
         memory = d.get("memory_before") or {}
         if reason is StopReason.SHRINK:
@@ -196,7 +208,7 @@ class AuditMapper:
     def model_hung(self, seq: int, t: float, d: dict[str, Any]) -> None:
         """The watchdog's kill: one row, completed by the exit (how long the kill took)."""
         model = d["model"]
-        frm, action, timeout = self._stopping.get(model, ("loaded", "kill", None))
+        frm, action = d.get("from_state", "loaded"), d.get("action", "kill")
         holders = d.get("holders") or {}
         who = ", ".join(f"{a} ×{n}" for a, n in sorted(holders.items())) or "nobody"
         row = _row(
@@ -209,7 +221,7 @@ class AuditMapper:
                 "probe": d.get("probe"), "action": action, "stop_reason": "hung",
             },
         )  # fmt: skip
-        self._wait_for_exit(model, row, action, StopReason.HUNG, timeout, t)
+        self._wait_for_exit(model, row, action, StopReason.HUNG, None, t)
 
     def model_backoff(self, seq: int, t: float, d: dict[str, Any]) -> None:
         n = d.get("strikes") or 1
@@ -247,14 +259,11 @@ class AuditMapper:
 
     def model_exited(self, seq: int, t: float, d: dict[str, Any]) -> None:
         model = d["model"]
-        self._last_exit[model] = d
-        self._stopping.pop(model, None)
-        self._loads.pop(model, None)
         stop = self._stops.get(model)
         if stop is not None and d.get("expected"):
             self._stop_exited(model, stop, seq, t, d)
             return
-        frm = self._states.get(model, "")
+        frm = d.get("state_before") or ""
         if not d.get("was_ready"):
             kind, why = AuditKind.LOAD_FAILED, d.get("error") or "the child exited while loading"
         elif d.get("clean"):
@@ -323,7 +332,7 @@ class AuditMapper:
                 AuditKind.STUCK,
                 model=model,
                 actor=stop.row["actor"] if stop else "",
-                from_state=self._states.get(model, ""),
+                from_state=d.get("from_state") or "",
                 to_state="stuck",
                 reason=f"process group still alive {secs:.1f} s after SIGKILL",
                 details={"pid": d.get("pid"), "seconds_since_kill": secs},
@@ -381,8 +390,8 @@ class AuditMapper:
 
     def queue_changed(self, seq: int, t: float, d: dict[str, Any]) -> None:
         entries = d.get("entries") or []
-        new = [e for e in entries if e["ticket"] not in self._tickets and not e.get("restart")]
-        self._tickets = {e["ticket"] for e in entries}
+        added = set(d.get("added") or ())
+        new = [e for e in entries if e["ticket"] in added]
         if not new:
             return
         first = new[0]

@@ -39,6 +39,7 @@ from models_app import audit, bridge
 from models_app.models import AuditEvent, Preset
 from models_app.roles import Role, role_of
 from models_app.views import actions, common, memory
+from routerpanel.router.catalogue import QUIET
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ ROLE_RECHECK = 30.0  # seconds between two checks that the user still has a role
 FEED_ROWS = 12
 SNAPSHOT_RETRY = 1.0  # seconds before asking an unavailable router again (doubling)
 SNAPSHOT_RETRY_MAX = 10.0
-QUIET_EVENTS = frozenset({"memory.sample", "model.log"})  # no audit row follows these
+QUIET_EVENTS = QUIET  # no audit row follows these (catalogue.py)
 CLOSE_FORBIDDEN = 4403
 
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from routerpanel.router.catalogue import Event
 from routerpanel.router.decisions import StopReason
 from routerpanel.router.engine import EngineEvent
 from routerpanel.router.states import ModelState
@@ -65,6 +66,13 @@ class Family:
         return {"name": self.name, "type": self.type, "help": self.help, "samples": self.samples}
 
 
+# Events that count nothing here: the rest of the catalogue has a handler (RouterMetrics).
+IGNORED = frozenset(
+    {Event.ROUTER_STARTED, Event.ROUTER_STOPPING, Event.MODEL_PROGRESS, Event.MODEL_LOG,
+     Event.QUEUE_CANCELLED, Event.MEMORY_SAMPLE, Event.MEMORY_SETTLED, Event.PRESETS_RELOADED,
+     Event.SETTINGS_CHANGED, Event.SERVICE_OUTAGE}
+)  # fmt: skip
+
 COUNTERS = {
     "loads": "Child servers spawned to load a model.",
     "load_failures": "Loads that ended before the model was ready.",
@@ -99,9 +107,20 @@ class RouterMetrics:
 
     def observe(self, event: EngineEvent) -> None:
         self.events += 1
-        handler = getattr(self, event.type.replace(".", "_"), None)
+        handler = self._handlers.get(event.type)
         if handler is not None:
             handler(event.time, event.data)
+
+    @property
+    def _handlers(self) -> dict[Event, Callable[[float, Any], None]]:
+        """What this reader counts, by event type (catalogue.py); IGNORED lists the rest."""
+        return {
+            Event.MODEL_STATE: self.model_state, Event.MODEL_EVICTED: self.model_evicted,
+            Event.MODEL_EXITED: self.model_exited, Event.MODEL_STUCK: self.model_stuck,
+            Event.MODEL_HUNG: self.model_hung, Event.MODEL_BACKOFF: self.model_backoff,
+            Event.LEASE_EXPIRED: self.lease_expired, Event.QUEUE_CHANGED: self.queue_changed,
+            Event.MESSAGE_EXPIRED: self.message_expired,
+        }  # fmt: skip
 
     def _inc(self, name: str, **labels: str) -> None:
         self.counters[name][tuple(sorted(labels.items()))] += 1
@@ -114,9 +133,9 @@ class RouterMetrics:
             key = (("model", model),)
             self.load_seconds.setdefault(key, Histogram(LOAD_BUCKETS)).observe(d["load_seconds"])
         if d.get("stopping") and d.get("action") in ("stop", "kill") and d["from"] == d["to"]:
-            reason = (d.get("reason") or "").split(" ", 1)[0]
-            if reason in StopReason.__members__.values():
-                self._inc("unloads", model=model, reason=reason)
+            reason = d.get("stop_reason")
+            if reason:
+                self._inc("unloads", model=model, reason=StopReason(reason).value)
 
     def model_evicted(self, t: float, d: dict[str, Any]) -> None:
         self._inc("evictions", model=d["victim"], reason=d["reason"])

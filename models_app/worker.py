@@ -28,6 +28,7 @@ from django.conf import settings
 from models_app import bridge, liveness, specs
 from models_app.audit_writer import AuditWriter, new_router_id
 from models_app.metrics import RouterMetrics
+from routerpanel.router.catalogue import Event
 from routerpanel.router.engine import Engine, EngineEvent, RouterError, Subscription
 
 log = logging.getLogger(__name__)
@@ -157,14 +158,14 @@ class RouterHost:
         effect = "audit rows waited in the journal and were written when it returned"
         data = {"service": "the database", "seconds": round(seconds, 3), "effect": effect}
         if self.loop is not None and self.engine is not None:
-            self.loop.call_soon_threadsafe(self.engine.note, "service.outage", data)
+            self.loop.call_soon_threadsafe(self.engine.note, Event.SERVICE_OUTAGE, data)
 
     def redis_back(self, seconds: float) -> None:
         """Redis returned after ``seconds``: audit the outage (called on the loop)."""
         effect = "the router kept its children; web processes answered 503 meanwhile"
         if self.engine is not None:
-            self.engine.note("service.outage", {"service": "Redis", "seconds": seconds,
-                                                "effect": effect})  # fmt: skip
+            data = {"service": "Redis", "seconds": seconds, "effect": effect}
+            self.engine.note(Event.SERVICE_OUTAGE, data)
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -387,7 +388,7 @@ class RouterHost:
         counts, self._expired = dict(self._expired), Counter()
         total = sum(counts.values())
         log.warning("dropped %d expired router messages: %s", total, counts)
-        self.engine.note("message.expired", {"counts": counts, "total": total})
+        self.engine.note(Event.MESSAGE_EXPIRED, {"counts": counts, "total": total})
 
 
 class RouterConsumer(AsyncConsumer):

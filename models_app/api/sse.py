@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from models_app.api.errors import dumps
 from models_app.api.request import Request
+from routerpanel.router.catalogue import Event
 from routerpanel.router.states import DOWN, FAILED_STATES, ModelState, api_status
 
 if TYPE_CHECKING:
@@ -63,18 +64,18 @@ class LlamaEvents:
     def translate(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
         kind = event.get("type")
         data = event.get("data") or {}
-        if kind == "presets.reloaded":
+        if kind == Event.PRESETS_RELOADED:
             return [{"model": "*", "event": "models_reload"}]
-        if kind == "model.exited":
+        if kind == Event.MODEL_EXITED:
             code = data.get("exit_code")
             if not isinstance(code, int) and data.get("signal"):
                 code = 1  # llama.cpp reports any signal death, a force kill too, as 1 (§3.5)
             if isinstance(code, int):
                 self._exit_codes[data["model"]] = code
-        if kind == "model.progress":
+        if kind == Event.MODEL_PROGRESS:
             progress = {"status": "loading", "progress": data.get("progress")}
             return [{"model": data.get("model"), "event": "status_change", "data": progress}]
-        if kind != "model.state":
+        if kind != Event.MODEL_STATE:
             return []
         change = self._change(data)
         return [] if change is None else [change]

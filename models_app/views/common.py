@@ -20,6 +20,7 @@ from django.http import HttpRequest
 
 from models_app.bridge import RouterClient, RouterRejected
 from models_app.roles import Role, role_of
+from routerpanel.router import catalogue
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ def panel(request: HttpRequest) -> dict[str, Any]:
     """Template context processor: the user's role and what it allows."""
     role = role_of(getattr(request, "user", None))
     return {
+        "event_names": catalogue.names(),  # the browser's copy of the event catalogue
         "panel_role": role.label,
         "can_view": role >= Role.VIEWER,
         "can_operate": role >= Role.OPERATOR,

@@ -9,9 +9,11 @@ skipped, never resolved twice (callers.py).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from routerpanel.router.catalogue import Event
 from routerpanel.router.config import PresetSpec, RouterConfig
 from routerpanel.router.decisions import RequestKind
 from routerpanel.router.errors import Lease
@@ -107,8 +109,8 @@ class ProbeDone:
 class Note:
     """Publish an event the engine did not decide (an adapter's fact: a dropped message)."""
 
-    type: str
-    data: dict[str, Any]
+    type: Event
+    data: Mapping[str, Any]
 
 
 @dataclass(frozen=True)

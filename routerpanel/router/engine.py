@@ -24,17 +24,19 @@ import math
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from routerpanel.router import commands, decisions, feed, memory, probe, supervisor, watchdog
+from routerpanel.router import commands, decisions, memory, payloads, probe, supervisor, watchdog
 from routerpanel.router.callers import Callers, fail, resolve
+from routerpanel.router.catalogue import Event, ModelStateData
 from routerpanel.router.config import PresetSpec, RouterConfig, preset_map, startup_loads
 from routerpanel.router.errors import Lease, RouterError, unavailable
-from routerpanel.router.feed import EngineEvent, Subscription
+from routerpanel.router.facts import Facts
+from routerpanel.router.feed import EngineEvent, Feed, Subscription
 from routerpanel.router.scheduler import NotRunningError, Scheduler, UnknownModelError
-from routerpanel.router.states import LOADED, RUNNING, SERVABLE
+from routerpanel.router.states import LOADED, QUARANTINED, RUNNING, SERVABLE
 from routerpanel.router.timer import Timer, sample_memory
 
 __all__ = ["Engine", "EngineEvent", "Lease", "RouterError", "Subscription"]
@@ -77,9 +79,9 @@ class Engine:
             else supervisor.Supervisor(self._post, state_file=state_file, router_port=router_port)
         )
         self._inbox: asyncio.Queue[commands.Command] = asyncio.Queue()
-        self._feed = feed.Feed()
-        self._request_rows = feed.RequestRows()  # queued requests' rows, made once each
-        self._facts = feed.Facts(math.ceil(3600 / memory_interval) if memory_interval else 3600)
+        self._feed = Feed()
+        self._request_rows = payloads.RequestRows()  # queued requests' rows, made once each
+        self._facts = Facts(math.ceil(3600 / memory_interval) if memory_interval else 3600)
         self._callers = Callers()
         self._spawning: dict[str, asyncio.Task[None]] = {}  # until ChildStarted or the exit
         self._kill_on_start: set[str] = set()  # Kill decided while the spawn was in flight
@@ -87,6 +89,7 @@ class Engine:
         self._watchdog = watchdog.Watchdog()
         self._prober = prober
         self._hangs: dict[str, dict[str, Any]] = {}  # model -> the verdict's facts, until killed
+        self._tickets: set[int] = set()  # queue entries already published (queue.changed)
         self._probes: set[asyncio.Task[None]] = set()
         self._sample_soon = asyncio.Event()
         self._drained = asyncio.Event()
@@ -133,7 +136,7 @@ class Engine:
             sampler = sample_memory(self._memory_interval, pids, self._post, self._sample_soon)
             self._tasks.append(asyncio.create_task(sampler, name="router memory"))
         left = [dataclasses.asdict(x) for x in leftovers]
-        self._emit("router.started", {"models": sorted(self._specs), "leftovers": left})
+        self._emit(Event.ROUTER_STARTED, {"models": sorted(self._specs), "leftovers": left})
         loads = [self.load(name, actor="load-on-startup") for name in startup]
         results = await asyncio.gather(*loads, return_exceptions=True)
         for name, result in zip(startup, results, strict=True):
@@ -191,7 +194,7 @@ class Engine:
         name = self.resolve(model) or model
         return next((e.position for e in self._scheduler.queue() if e.model == name), 0)
 
-    def note(self, type_: str, data: dict[str, Any]) -> None:
+    def note(self, type_: Event, data: Mapping[str, Any]) -> None:
         """Publish an adapter's fact (a dropped message) in order with the engine's events."""
         self._post(commands.Note(type_, data))
 
@@ -262,7 +265,7 @@ class Engine:
 
     def memory_history(self) -> list[dict[str, Any]]:
         """Return the one-hour ring of memory samples, oldest first (S9)."""
-        return [feed.sample_data(s) for s in self._facts.memory]
+        return [payloads.sample_data(s) for s in self._facts.memory]
 
     def logs(self, model: str) -> list[dict[str, Any]]:
         """Return the model's log ring buffer (S7): time (wall), stream, text."""
@@ -386,7 +389,7 @@ class Engine:
             return fail(cmd.future, RouterError(404, "not_found_error", text))
         ids = [d.request_id for d in rejects]
         data = {"model": rejects[0].model, "request_ids": ids, "actor": actor}
-        self._emit("queue.cancelled", data | {"by_model": cmd.model is not None})
+        self._emit(Event.QUEUE_CANCELLED, data | {"by_model": cmd.model is not None})
         self._apply(out)
         resolve(cmd.future, ids)
 
@@ -399,7 +402,9 @@ class Engine:
         old, self._specs = self._specs, preset_map(cmd.presets)
         self._aliases = _alias_map(self._specs)
         self._retired.update({n: s for n, s in old.items() if n not in self._specs})
-        done = feed.reload_data(next(d for d in out if isinstance(d, decisions.PresetsReloaded)))
+        done = payloads.reload_data(
+            next(d for d in out if isinstance(d, decisions.PresetsReloaded))
+        )
         self._apply(out)
         self._forget_gone()
         resolve(cmd.future, {k: v for k, v in done.items() if k != "actor"})
@@ -408,13 +413,13 @@ class Engine:
         out = self._scheduler.settings_changed(cmd.config, now=self._clock())
         self._config = cmd.config
         data = {"actor": cmd.actor or "anonymous", "config": dataclasses.asdict(cmd.config)}
-        self._emit("settings.changed", data)
+        self._emit(Event.SETTINGS_CHANGED, data)
         self._apply(out)
         resolve(cmd.future, None)
 
     def _on_shutdown(self, cmd: commands.Shutdown) -> None:
         self._closing = True
-        self._emit("router.stopping", {"actor": cmd.actor})
+        self._emit(Event.ROUTER_STOPPING, {"actor": cmd.actor})
         self._callers.close(unavailable("router is shutting down"))  # every child stops
         self._apply(self._scheduler.shutdown(now=self._clock(), actor=cmd.actor))
         resolve(cmd.future, None)
@@ -423,7 +428,7 @@ class Engine:
         now = self._clock()
         for lease in self._callers.expired(now):  # a dead web process cannot pin a model
             data = {"lease_id": lease.lease_id, "request_id": lease.request_id}
-            self._emit("lease.expired", data | {"model": lease.model, "actor": lease.actor})
+            self._emit(Event.LEASE_EXPIRED, data | {"model": lease.model, "actor": lease.actor})
             self._apply(self._scheduler.request_finished(lease.request_id, now=now))
         self._apply(self._scheduler.tick(now=now))
         for name in self._watchdog.due(self._busy(), now):
@@ -503,8 +508,8 @@ class Engine:
     def _on_memory(self, cmd: commands.MemorySampled) -> None:
         sample = memory.MemorySample(time.time(), cmd.system, cmd.children)  # wall clock
         self._facts.memory.append(sample)
-        busy = feed.busy_data(self._scheduler.models(), self._callers.holders())
-        self._emit("memory.sample", feed.sample_data(sample) | {"in_flight": busy})
+        busy = payloads.busy_data(self._scheduler.models(), self._callers.holders())
+        self._emit(Event.MEMORY_SAMPLE, payloads.sample_data(sample) | {"in_flight": busy})
         if self._config.memory_budget is not None:  # the settle gate reads samples
             available = cmd.system.available
             self._apply(self._scheduler.memory_sample(available, now=self._clock()))
@@ -513,7 +518,7 @@ class Engine:
 
     def _on_log(self, line: supervisor.LogLine) -> None:
         data = {"model": line.name, "stream": line.stream, "text": line.text, "time": line.time}
-        self._emit("model.log", data)
+        self._emit(Event.MODEL_LOG, data)
 
     def _on_started(self, ev: supervisor.ChildStarted) -> None:
         self._spawning.pop(ev.name, None)
@@ -525,21 +530,22 @@ class Engine:
         if ev.state in ("loading", "downloading"):
             self._facts.child(ev.name).progress = ev.payload
             if ev.payload:  # llama.cpp streams these as status_change{loading, progress} (§10.5)
-                self._emit("model.progress", {"model": ev.name, "progress": ev.payload})
+                self._emit(Event.MODEL_PROGRESS, {"model": ev.name, "progress": ev.payload})
         if ev.state != "downloading":
             self._apply(self._scheduler.child_state(ev.name, ev.state, now=self._clock()))
 
     def _on_ready(self, ev: supervisor.ChildReady) -> None:
         self._facts.ready(ev)
         out = self._scheduler.child_ready(ev.name, now=self._clock())
-        note: dict[str, Any] = {"load_seconds": ev.load_seconds}
+        note: ModelStateData = {"load_seconds": ev.load_seconds}
+        note["loaded_for"] = self._facts.child(ev.name).spawned_for  # who the load was for
         if ev.info:  # the child's /v1/models object, sent with its first ready (ROUTER_SPEC 4.9)
             note["info"] = ev.info
         self._apply(out, note=(ev.name, note))
 
     def _on_stuck(self, ev: supervisor.ChildStuck) -> None:
-        data = {"model": ev.name, "pid": ev.pid, "seconds_since_kill": ev.seconds_since_kill}
-        self._emit("model.stuck", data)
+        state = self._scheduler.model(ev.name).state.value
+        self._emit(Event.MODEL_STUCK, payloads.stuck_data(ev, state))
         self._apply(self._scheduler.child_stuck(ev.name, now=self._clock()))
 
     def _on_exited(self, ev: supervisor.ChildExited) -> None:
@@ -548,28 +554,35 @@ class Engine:
         self._kill_on_start.discard(ev.name)
         tail = tuple(line.text for line in ev.last_lines)
         now = self._clock()
+        before = self._scheduler.model(ev.name).state.value
         out = self._scheduler.child_exited(ev.name, now=now, exit_code=ev.exit_code, log_tail=tail)
         if self._config.memory_budget is not None:
             self._sample_soon.set()  # the settle gate waits for a fresh sample
         state = next((v.state.value for v in self._scheduler.models() if v.name == ev.name), None)
-        self._emit("model.exited", self._facts.exited(ev, state))
+        self._emit(Event.MODEL_EXITED, self._facts.exited(ev, state, before))
         self._apply(out)
         self._forget_gone()
 
     # ---- decisions --------------------------------------------------------------------------
 
     def _apply(
-        self, out: list[decisions.Decision], note: tuple[str, dict[str, Any]] | None = None
+        self, out: list[decisions.Decision], note: tuple[str, ModelStateData] | None = None
     ) -> None:
         """Carry out decisions in order; follow-ups (a grant nobody takes) go last."""
         pending = deque(out)
         while pending:
             decision = pending.popleft()
             if isinstance(decision, decisions.StateChanged):  # paired with the action after it
-                data = feed.state_data(decision, pending[0] if pending else None)
-                extra = note[1] if note is not None and note[0] == decision.model else {}
+                nxt = pending[0] if pending else None
+                data = payloads.state_data(decision, nxt)
+                if note is not None and note[0] == decision.model:
+                    data.update(note[1])
+                if decision.to_state is QUARANTINED:  # what the quarantined child last said
+                    data["log_tail"] = list(self._scheduler.model(decision.model).log_tail)
+                if isinstance(nxt, decisions.Spawn) and nxt.model == decision.model:
+                    self._facts.child(decision.model).spawned_for = nxt.trigger.actor
                 self._facts.child(decision.model).state_since = time.time()
-                self._emit("model.state", data | extra)
+                self._emit(Event.MODEL_STATE, data)
             else:
                 pending.extend(self._act(decision))
 
@@ -588,15 +601,19 @@ class Engine:
         elif isinstance(decision, decisions.Stop | decisions.Kill):
             self._stop(decision)
         elif isinstance(decision, decisions.QueueChanged):
-            data = feed.queue_data(decision.entries, self._wall, self._request_rows)
-            self._emit("queue.changed", data)
+            data = payloads.queue_data(decision.entries, self._wall, self._request_rows)
+            tickets = {e.ticket for e in decision.entries}
+            data["added"] = [e.ticket for e in decision.entries
+                             if e.ticket not in self._tickets and not e.restart]  # fmt: skip
+            self._tickets = tickets
+            self._emit(Event.QUEUE_CHANGED, data)
         elif isinstance(decision, decisions.Settled):
-            self._emit("memory.settled", dataclasses.asdict(decision))
+            self._emit(Event.MEMORY_SETTLED, dataclasses.asdict(decision))
         elif isinstance(decision, decisions.BackedOff):
             until = time.time() + decision.seconds
-            self._emit("model.backoff", dataclasses.asdict(decision) | {"until": until})
+            self._emit(Event.MODEL_BACKOFF, dataclasses.asdict(decision) | {"until": until})
         elif isinstance(decision, decisions.PresetsReloaded):
-            self._emit("presets.reloaded", feed.reload_data(decision))
+            self._emit(Event.PRESETS_RELOADED, payloads.reload_data(decision))
         return []
 
     def _spawn(self, spawn: decisions.Spawn) -> None:
@@ -615,15 +632,19 @@ class Engine:
         except Exception as exc:  # no process, but the slot must be freed all the same
             error = str(exc) if isinstance(exc, supervisor.SpawnError) else f"spawn failed: {exc}"
             log.warning("spawning %s failed: %s", spec.name, error)
-            self._post(feed.spawn_failure(spec.name, error))
+            self._post(payloads.spawn_failure(spec.name, error))
 
     def _stop(self, decision: decisions.Stop | decisions.Kill) -> None:
         """Publish who is stopped and why (the audit journals it first), then stop or kill."""
         name = decision.model
+        frm = self._scheduler.model(name).state.value
+        action = "stop" if isinstance(decision, decisions.Stop) else "kill"
         if decision.reason in EVICTIONS:
-            self._emit("model.evicted", feed.eviction_data(decision, self._facts.latest))
+            data = payloads.eviction_data(decision, self._facts.latest, frm)
+            self._emit(Event.MODEL_EVICTED, data)
         elif decision.reason is HUNG:
-            self._emit("model.hung", self._hangs.pop(name, {"model": name}))
+            hung = self._hangs.pop(name, {"model": name})
+            self._emit(Event.MODEL_HUNG, hung | {"from_state": frm, "action": action})
         if isinstance(decision, decisions.Stop):
             done = self._supervisor.stop(name, decision.stop_timeout)  # S4: SIGKILL at deadline
         else:
@@ -633,7 +654,7 @@ class Engine:
 
     # ---- helpers ----------------------------------------------------------------------------
 
-    def _emit(self, type_: str, data: dict[str, Any]) -> None:
+    def _emit(self, type_: Event, data: Mapping[str, Any]) -> None:
         self._feed.publish(type_, data)
 
     def _wall(self, t: float) -> float:

@@ -5,7 +5,7 @@
 (function () {
   "use strict";
 
-  const { Live, bytes, seconds, ago, clock, toast } = window.Panel;
+  const { Live, EVENTS, bytes, seconds, ago, clock, toast } = window.Panel;
   const root = document.getElementById("dashboard");
   if (!root) return;
 
@@ -215,7 +215,7 @@
   }
 
   const ON = {
-    "model.state"(d, ev) {
+    [EVENTS.MODEL_STATE](d, ev) {
       const m = model(d.model);
       const down = DOWN.has(d.to);
       m.state = d.to;
@@ -233,26 +233,26 @@
       render(m);
       scheduleRefresh();
     },
-    "model.progress"(d) {
+    [EVENTS.MODEL_PROGRESS](d) {
       const m = model(d.model);
       m.progress = d.progress;
       renderProgress(card(d.model), m);
     },
-    "model.evicted"(d) {
+    [EVENTS.MODEL_EVICTED](d) {
       const m = model(d.victim);
       const trigger = d.trigger || {};
       m.note = `Evicted for ${trigger.model || "another model"} by ${trigger.actor || "the scheduler"}` +
         ` after ${seconds(d.idle_for || 0)} idle`;
       render(m);
     },
-    "model.exited"(d) {
+    [EVENTS.MODEL_EXITED](d) {
       const m = model(d.model);
       m.last_exit = d;
       m.exit_code = d.exit_code;
       render(m);
       scheduleRefresh();
     },
-    "model.log"(d) {
+    [EVENTS.MODEL_LOG](d) {
       const m = models.get(d.model);
       if (m && m.state === "loading") {
         m.lastline = d.text;
@@ -264,7 +264,7 @@
         }
       }
     },
-    "model.hung"(d) {
+    [EVENTS.MODEL_HUNG](d) {
       const m = model(d.model);
       const who = holdersText(d.holders) || "nobody";
       const n = d.in_flight || 0;
@@ -273,18 +273,18 @@
       render(m);
       scheduleRefresh();
     },
-    "model.backoff"(d) {
+    [EVENTS.MODEL_BACKOFF](d) {
       const m = model(d.model);
       m.backoff = { until: d.until, strikes: d.strikes, reason: d.reason };
       render(m);
     },
-    "model.stuck"(d) {
+    [EVENTS.MODEL_STUCK](d) {
       const m = model(d.model);
       m.note = `Stuck: pid ${d.pid} survived SIGKILL ${seconds(d.seconds_since_kill)} ago`;
       render(m);
       scheduleRefresh();
     },
-    "queue.changed"(d) {
+    [EVENTS.QUEUE_CHANGED](d) {
       queue = d.entries;
       const positions = new Map(queue.map((e) => [e.model, e]));
       for (const m of models.values()) {
@@ -298,7 +298,7 @@
       }
       renderQueue();
     },
-    "memory.sample"(d) {
+    [EVENTS.MEMORY_SAMPLE](d) {
       chart.push(d);
       renderMemNow(d.system);
       const busy = d.in_flight || {};
@@ -325,7 +325,7 @@
   function applyEvent(ev) {
     const handler = ON[ev.type];
     if (handler) handler(ev.data || {}, ev);
-    else if (ev.type !== "memory.settled") scheduleRefresh(); // reloads, settings, restarts
+    else if (ev.type !== EVENTS.MEMORY_SETTLED) scheduleRefresh(); // reloads, settings, restarts
   }
 
   // Events say what changed; a snapshot soon after fills in what they do not carry (port, the

@@ -7,6 +7,9 @@
   "use strict";
 
   const RECENT = 600; // events kept to re-apply on top of a snapshot
+  // The router's event names, from its one catalogue (routerpanel/router/catalogue.py), rendered
+  // into every page: no script spells an event name itself.
+  const EVENTS = Object.freeze(JSON.parse(document.getElementById("event-names").textContent));
   const MAX_DELAY = 30000;
 
   class Live {
@@ -130,7 +133,7 @@
     }
 
     onEvent(event) {
-      if (event.type === "router.started") this.recent = []; // a new router counts from 1
+      if (event.type === EVENTS.ROUTER_STARTED) this.recent = []; // a new router counts from 1
       this.recent.push(event);
       if (this.recent.length > RECENT) this.recent.splice(0, this.recent.length - RECENT);
       if (this.lastSeq === null) {
@@ -146,7 +149,7 @@
       if (event.seq <= this.lastSeq) {
         // Old news, or a router that restarted and counts from 1 again.
         this.stale += 1;
-        if (event.type === "router.started" || this.stale >= 3) {
+        if (event.type === EVENTS.ROUTER_STARTED || this.stale >= 3) {
           this.lastSeq = null;
           this.resync(true);
         }
@@ -223,5 +226,5 @@
     setTimeout(() => item.remove(), kind === "error" ? 8000 : 4000);
   }
 
-  window.Panel = { Live, bytes, seconds, ago, clock, toast };
+  window.Panel = { Live, EVENTS, bytes, seconds, ago, clock, toast };
 })();

@@ -1,7 +1,7 @@
 // A model's log, tailed live: the ring buffer on connect, then each model.log event.
 (function () {
   "use strict";
-  const { Live, clock } = window.Panel;
+  const { Live, EVENTS, clock } = window.Panel;
   const log = document.getElementById("log");
   if (!log) return;
   const model = log.dataset.model;
@@ -59,13 +59,13 @@
     },
     event: (ev) => {
       const d = ev.data || {};
-      if (ev.type === "model.log" && d.model === model) {
+      if (ev.type === EVENTS.MODEL_LOG && d.model === model) {
         if (pending) pending.push(d);
         else if (d.time >= lastTime) {
           add(d);
           scroll();
         }
-      } else if (ev.type === "model.state" && d.model === model) {
+      } else if (ev.type === EVENTS.MODEL_STATE && d.model === model) {
         state(d.to + (d.stopping ? " · stopping" : ""), d.to);
       }
     },

@@ -492,7 +492,9 @@ class TestExitsAndUnload:
         await h.engine.unload("a")
         h.sup.post(ChildStuck("a", 101, 5.0))
         await h.idle()
-        assert h.of("model.stuck") == [{"model": "a", "pid": 101, "seconds_since_kill": 5.0}]
+        assert h.of("model.stuck") == [
+            {"model": "a", "pid": 101, "seconds_since_kill": 5.0, "from_state": "loaded"}
+        ]
         assert h.model("a")["state"] == "stuck"
 
     async def test_sleep_and_wake_lines_move_the_state(self, h: Harness) -> None:
@@ -747,7 +749,7 @@ class TestMemory:
 
 def test_queue_rows_are_made_once_per_waiting_request_and_dropped_when_it_leaves() -> None:
     from routerpanel.router.decisions import QueueEntryView, RequestKind, WaiterView
-    from routerpanel.router.feed import RequestRows, queue_data
+    from routerpanel.router.payloads import RequestRows, queue_data
 
     def wall(t: float) -> float:
         return t + 100.0

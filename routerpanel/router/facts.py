@@ -1,0 +1,159 @@
+"""What the engine knows beside the scheduler's table, and the snapshot made from both.
+
+``Facts`` keeps each model's process facts — pid, port, ready payload, loading progress, last
+exit, when its state last changed, who its child was spawned for — and the one-hour memory ring
+(S9). ``snapshot`` renders the whole state, JSON-able, for ``/models``, the dashboard and
+``/ready``; times in it are wall-clock seconds. Owned by the engine's loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from routerpanel.router.catalogue import ModelExitedData
+from routerpanel.router.config import PresetSpec, RouterConfig
+from routerpanel.router.decisions import ModelView, QueueEntryView
+from routerpanel.router.memory import MemorySample
+from routerpanel.router.payloads import exit_data, queue_data, system_data
+from routerpanel.router.supervisor import ChildExited, ChildReady, ChildStarted
+
+
+@dataclass
+class ChildFacts:
+    """What the engine knows of a model's process beyond the scheduler's table."""
+
+    state_since: float | None = None  # wall clock of its last state or stopping change
+    argv: tuple[str, ...] = ()
+    pid: int | None = None
+    port: int | None = None
+    last_port: int = 0  # the most recent spawn's port, kept after the exit (ROUTER_SPEC 4.3)
+    loaded_at: float | None = None  # wall clock
+    info: dict[str, Any] = field(default_factory=dict)  # the child's ready payload
+    progress: dict[str, Any] | None = None  # the last loading line's payload
+    exit_code: int | None = None
+    last_exit: ModelExitedData | None = None
+    load_seconds: float | None = None  # how long its last load took: a queued entry's ETA
+    spawned_for: str = ""  # the actor whose request spawned the current child
+
+
+class Facts:
+    """Keep the per-model process facts and the memory ring for snapshot() (engine-owned)."""
+
+    def __init__(self, ring: int) -> None:
+        self._children: dict[str, ChildFacts] = {}
+        self.memory: deque[MemorySample] = deque(maxlen=ring)
+        self.since = time.time()  # every model is unloaded since the engine was made
+
+    def child(self, name: str) -> ChildFacts:
+        if (child := self._children.get(name)) is None:
+            child = self._children[name] = ChildFacts(self.since)
+        return child
+
+    def spawning(self, name: str, argv: tuple[str, ...]) -> None:
+        child = self.child(name)
+        child.argv, child.pid, child.port, child.info, child.progress = argv, None, None, {}, None
+
+    def started(self, ev: ChildStarted) -> None:
+        child = self.child(ev.name)
+        child.pid, child.port = ev.pid, ev.port  # again after a bind-failure retry (S2)
+        child.last_port = ev.port
+
+    def ready(self, ev: ChildReady) -> None:
+        child = self.child(ev.name)
+        child.port, child.info, child.progress = ev.port, ev.info, None
+        child.loaded_at, child.load_seconds = time.time(), ev.load_seconds
+
+    def exited(self, ev: ChildExited, state: str | None, before: str | None) -> ModelExitedData:
+        """Record the exit; return the ``model.exited`` data."""
+        data = exit_data(ev, state, before)
+        child = self.child(ev.name)
+        child.pid = child.port = child.loaded_at = None
+        child.exit_code, child.last_exit = ev.exit_code, data
+        return data
+
+    def forget(self, name: str) -> None:
+        self._children.pop(name, None)
+
+    @property
+    def latest(self) -> MemorySample | None:
+        return self.memory[-1] if self.memory else None
+
+    def snapshot(
+        self,
+        seq: int,
+        views: Iterable[ModelView],
+        queue: tuple[QueueEntryView, ...],
+        spec_of: Callable[[str], PresetSpec | None],
+        holders: dict[str, dict[str, int]],
+        config: RouterConfig,
+        wall: Callable[[float], float],
+    ) -> dict[str, Any]:
+        entries, latest = {e.model: e for e in queue}, self.latest
+        models = [
+            model_data(v, spec_of(v.name), self._children.get(v.name) or ChildFacts(self.since),
+                       entries.get(v.name), latest, wall) | {"holders": holders.get(v.name, {})}
+            for v in views
+        ]  # fmt: skip
+        return {
+            "seq": seq,
+            "models": models,
+            "queue": queue_data(queue, wall)["entries"],
+            "memory": None if latest is None else system_data(latest.system),
+            "config": dataclasses.asdict(config),
+        }
+
+
+def child_args(argv: Iterable[str], port: int) -> list[str]:
+    """The argv as spawned: the supervisor adds the loopback host and the port (S2); a model
+    never spawned shows ``--port 0``, as llama.cpp does (ROUTER_SPEC 4.3)."""
+    argv = list(argv)
+    return [*argv, "--host", "127.0.0.1", "--port", str(port)] if argv else []
+
+
+def model_data(
+    view: ModelView,
+    spec: PresetSpec | None,
+    child: ChildFacts,
+    entry: QueueEntryView | None,
+    latest: MemorySample | None,
+    wall: Callable[[float], float],
+) -> dict[str, Any]:
+    """One model of the snapshot; ``status`` is llama.cpp's value, ``state`` ours."""
+    mem = latest.child(view.name) if latest is not None and child.pid is not None else None
+    backoff = None
+    if view.backoff_until is not None and (until := wall(view.backoff_until)) > time.time():
+        backoff = {"until": until, "strikes": view.crash_strikes, "reason": view.backoff_reason}
+    return {
+        "name": view.name,
+        "aliases": list(spec.aliases) if spec else [],
+        "state": view.state.value,
+        "state_since": child.state_since,
+        "status": view.api_status,
+        "failed": view.failed,
+        "stopping": view.stopping,
+        "pid": child.pid,
+        "port": child.port,
+        "in_flight": view.in_flight,
+        "last_used": wall(view.last_used) if view.last_used else None,
+        "loaded_at": child.loaded_at,
+        "load_seconds": child.load_seconds,
+        "queue_position": entry.position if entry else None,
+        "queue_waiters": entry.waiters if entry else 0,
+        "memory": mem.rss if mem is not None else None,
+        "pinned": view.pinned,
+        "stop_timeout": spec.stop_timeout if spec else None,
+        "hang_timeout": spec.hang_timeout if spec else None,
+        "backoff": backoff,  # a crash loop holds its next start back until ``until`` (wall)
+        "exit_code": child.exit_code,
+        "last_exit": child.last_exit,
+        "args": child_args(
+            child.argv or (spec.argv if spec else ()), child.port or child.last_port
+        ),
+        "info": child.info,
+        "progress": child.progress,
+    }

@@ -1,0 +1,63 @@
+"""One event catalogue (routerpanel/router/catalogue.py), read by every reader through a table.
+
+Rename or add an event and these fail until every reader has decided what to do with it; an
+event name spelled anywhere but the catalogue fails them too.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from models_app import audit_mapper, metrics
+from models_app.audit_mapper import AuditMapper
+from models_app.metrics import RouterMetrics
+from routerpanel.router.catalogue import Event, names
+
+REPO = Path(__file__).resolve().parents[2]
+ALTERNATIVES = "|".join(re.escape(e.value) for e in Event)
+QUOTED = re.compile(rf"""["']({ALTERNATIVES})["']""")
+
+
+@pytest.mark.parametrize(
+    ("handled", "ignored"),
+    [
+        (set(AuditMapper(lambda row: None)._handlers), audit_mapper.IGNORED),
+        (set(RouterMetrics()._handlers), metrics.IGNORED),
+    ],
+    ids=["audit", "metrics"],
+)
+def test_every_reader_handles_or_ignores_every_event(
+    handled: set[Event], ignored: frozenset[Event]
+) -> None:
+    assert handled | ignored == set(Event)
+    assert not handled & ignored
+
+
+def test_the_browser_gets_the_names_from_the_catalogue() -> None:
+    assert names()["MODEL_STATE"] == "model.state"
+    assert len(names()) == len(Event)
+
+
+def test_no_event_name_is_spelled_outside_the_catalogue() -> None:
+    sources = [
+        *(REPO / "routerpanel").rglob("*.py"),
+        *(REPO / "models_app").rglob("*.py"),
+        *(REPO / "static" / "panel").glob("*.js"),
+    ]
+    spelled = {}
+    for path in sources:
+        if path.name == "catalogue.py" or "migrations" in path.parts:
+            continue
+        found = QUOTED.findall(path.read_text())
+        if found:
+            spelled[str(path.relative_to(REPO))] = sorted(set(found))
+    assert spelled == {}
+
+
+def test_the_dashboard_page_carries_the_catalogue(admin_client: object) -> None:
+    page = admin_client.get("/").content.decode()  # type: ignore[attr-defined]
+    assert '<script id="event-names" type="application/json">' in page
+    assert '"MODEL_STATE": "model.state"' in page
