@@ -1,0 +1,85 @@
+"""The hang watchdog's side in the engine: who is due a probe, the probe, and the kill.
+
+``watchdog.Watchdog`` decides; this layer gives it the busy models (loaded, requests in flight,
+a hang timeout), runs each probe as a task that posts ``ProbeDone`` back to the inbox, and on a
+"hung" verdict ends the model's leases with a clear error and SIGKILLs its group (S4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from routerpanel.router import commands, watchdog
+from routerpanel.router.effects import Effects
+from routerpanel.router.errors import RouterError
+from routerpanel.router.states import LOADED
+
+
+class HangWatch(Effects):
+    """The engine's hang-watchdog layer (see module doc)."""
+
+    def _busy(self) -> list[watchdog.Busy]:
+        """Loaded models with requests in flight and a hang timeout: the watchdog's charges."""
+        out = []
+        for name, (_, last, instance) in self._callers.in_flight().items():
+            spec = self._specs.get(name)
+            if spec is None or not spec.hang_timeout:
+                continue
+            view = self._scheduler.model(name)
+            if view.state is LOADED and not view.stopping:
+                out.append(watchdog.Busy(name, spec.hang_timeout, last, instance))
+        return out
+
+    def _start_probe(self, name: str) -> None:
+        port = self._facts.child(name).port
+        spec = self._specs.get(name)
+        if port is None or spec is None or not spec.hang_timeout:
+            return
+        timeout = watchdog.probe_gap(spec.hang_timeout)
+
+        async def run() -> None:
+            started = self._clock()
+            reading = await self._prober(port, timeout)
+            self._post(commands.ProbeDone(name, port, reading, self._clock() - started))
+
+        task = asyncio.create_task(run(), name=f"probe {name}")
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+
+    def _on_probe(self, done: commands.ProbeDone) -> None:
+        spec = self._specs.get(done.model)
+        if spec is None or not spec.hang_timeout:
+            return
+        now = self._clock()
+        verdict = self._watchdog.judge(
+            done.model, done.instance, done.reading, now, spec.hang_timeout
+        )
+        if verdict is not watchdog.Verdict.HUNG:
+            return
+        busy = self._callers.in_flight().get(done.model)
+        idle = now - busy[1] if busy is not None else spec.hang_timeout
+        if done.reading is None:
+            how = f"no answer to GET /slots within {done.seconds:.1f} s"
+        else:
+            gap = watchdog.probe_gap(spec.hang_timeout)
+            how = f"its progress counters did not move in {gap:g} s"
+        self._kill_hung(done.model, idle, how)
+
+    def _kill_hung(self, name: str, idle: float, how: str) -> None:
+        """End the hung child's requests with a clear error, then SIGKILL its group (S4)."""
+        facts = self._facts.child(name)
+        holders = self._callers.holders().get(name, {})
+        text = (
+            f"model name={name} stopped responding (no progress for {idle:.0f} s) and was "
+            "killed; the next request starts it again"
+        )
+        self._hangs[name] = {
+            "model": name, "pid": facts.pid, "port": facts.port, "idle_seconds": round(idle, 3),
+            "in_flight": sum(holders.values()), "holders": holders, "probe": how,
+        }  # fmt: skip
+        error = RouterError(503, "unavailable_error", text, retry_after=1)
+        ended = self._callers.revoke(name, error)
+        now = self._clock()
+        self._apply(self._scheduler.child_hung(name, now=now))
+        for request_id in ended:
+            self._apply(self._scheduler.request_finished(request_id, now=now))
