@@ -58,110 +58,52 @@ Semantics decided here:
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
-from routerpanel.router.backoff import CrashLoop
+from routerpanel.router.admission import (
+    QUEUE_VIEW_REQUESTS,
+    RETRY_AFTER,
+    WATCHDOG_ACTOR,
+    Admission,
+    ModelRecord,
+    NotRunningError,
+    UnknownModelError,
+)
 from routerpanel.router.config import PresetSpec, RouterConfig, preset_map
 from routerpanel.router.decisions import (
     SCHEDULER_ACTOR,
     BackedOff,
     Decision,
-    Grant,
-    Kill,
-    ModelView,
     PresetsReloaded,
-    QueueChanged,
-    QueueEntryView,
-    Reject,
     RequestKind,
-    Settled,
-    Spawn,
-    StateChanged,
-    Stop,
     StopReason,
     Trigger,
     WaiterView,
 )
 from routerpanel.router.states import (
     DOWN,
-    EVICTABLE,
     FAILED,
     LOADED,
     LOADING,
     QUARANTINED,
     RUNNING,
-    SERVABLE,
     SLEEPING,
     STUCK,
     UNLOADED,
-    ModelState,
-    check_transition,
 )
 
-RETRY_AFTER = 5  # seconds suggested to clients turned away by a queue limit (A8)
-WATCHDOG_ACTOR = "watchdog"
-QUEUE_VIEW_REQUESTS = 5  # waiters listed per entry in queue() and its events: O(entries)
+__all__ = [
+    "QUEUE_VIEW_REQUESTS", "RETRY_AFTER", "WATCHDOG_ACTOR", "ChildState", "NotRunningError",
+    "Scheduler", "UnknownModelError",
+]  # fmt: skip
+
 ChildState = Literal["loading", "ready", "sleeping"]
 
 
-class UnknownModelError(LookupError):
-    """The scheduler has no model by that name (the adapter resolves names and aliases)."""
-
-
-class NotRunningError(ValueError):
-    """An unload of a model with no child (llama.cpp: 400 ``model is not running``)."""
-
-
-@dataclass(slots=True)
-class _Model:
-    spec: PresetSpec
-    state: ModelState = UNLOADED
-    stopping: bool = False
-    stop_reason: StopReason | None = None  # set by _stop: the exit is then expected
-    drain_then: StopReason | None = None  # stop as soon as in_flight reaches 0 (A14)
-    removed: bool = False  # its preset is gone; forgotten at exit
-    in_flight: int = 0
-    last_used: float = 0.0
-    failures: int = 0  # consecutive failed loads (A10)
-    log_tail: tuple[str, ...] = ()
-    ready_at: float | None = None  # when this child first became ready
-    crashes: CrashLoop = field(default_factory=CrashLoop)
-
-
-@dataclass(slots=True)
-class _Entry:
-    """One model's place in the queue; ``waiters`` are in arrival order, so oldest first."""
-
-    ticket: int
-    model: str
-    since: float
-    waiters: list[WaiterView] = field(default_factory=list)  # immutable: views share them
-    restart_by: str | None = None  # a reload restart holds the entry without waiters (A14)
-
-
-def _estimate(m: _Model) -> int:
-    return m.spec.memory_estimate or 0
-
-
-class Scheduler:
+class Scheduler(Admission):
     """Own the model table and the queue; turn inputs into decisions (see the module docstring)."""
-
-    def __init__(self, presets: Iterable[PresetSpec], config: RouterConfig) -> None:
-        self._config = config
-        self._models = {name: _Model(spec) for name, spec in preset_map(presets).items()}
-        self._queue: list[_Entry] = []  # FIFO (A4)
-        self._waiting: dict[str, _Entry] = {}
-        self._granted: dict[str, str] = {}  # proxy request id -> model
-        self._tickets = itertools.count(1)
-        self._settle_since: float | None = None  # the settle gate is closed while set
-        self._available: int | None = None  # latest sample taken since it closed
-        self._closing = False
-        self._out: list[Decision] = []
-        self._queue_before: tuple[QueueEntryView, ...] = ()
 
     # ---- inputs ------------------------------------------------------------------------------
 
@@ -188,7 +130,7 @@ class Scheduler:
         (8) The model's entry already has max_waiters: 503 with Retry-After (A8).
         (9) Otherwise join the model's entry, at the tail if new (A2); admission follows.
         """
-        if request_id in self._waiting or request_id in self._granted:
+        if self._queue.holds(request_id) or request_id in self._granted:
             raise ValueError(f"request id {request_id!r} is already in use")
         self._begin()
         self._arrive(WaiterView(request_id, kind, actor, now), model, now)
@@ -224,22 +166,18 @@ class Scheduler:
             return self._reject(w, name, 503, "unavailable_error", text, math.ceil(left))
         if self._servable(m):  # (7) A1
             return self._grant(w, m, now)
-        entry = self._entry_for(name)
+        entry = self._queue.entry_for(name)
         limit = self._config.max_waiters
         if entry is not None and limit is not None and len(entry.waiters) >= limit:  # (8) A8
             text = f"too many requests are waiting for model name={name} (max_waiters={limit})"
             return self._reject(w, name, 503, "unavailable_error", text, RETRY_AFTER)
-        if entry is None:  # (9) A2
-            entry = _Entry(next(self._tickets), name, now)
-            self._queue.append(entry)
-        entry.waiters.append(w)
-        self._waiting[w.request_id] = entry
+        self._queue.join(w, name, now)  # (9) A2
 
     def request_finished(self, request_id: str, *, now: float) -> list[Decision]:
         """Release a granted proxy request; a waiting one leaves instead (A7)."""
         self._begin()
-        if request_id in self._waiting:
-            self._leave(request_id)
+        if self._queue.holds(request_id):
+            self._queue.leave(request_id)
         name = self._granted.pop(request_id, None)
         m = self._models.get(name) if name is not None else None
         if m is not None:
@@ -255,7 +193,7 @@ class Scheduler:
         if request_id in self._granted:
             return self.request_finished(request_id, now=now)
         self._begin()
-        self._leave(request_id)
+        self._queue.leave(request_id)  # A7: an entry left empty leaves
         return self._end(now)
 
     def child_state(self, model: str, state: ChildState, *, now: float) -> list[Decision]:
@@ -308,7 +246,7 @@ class Scheduler:
             self._settle_since, self._available = now, None
         return self._end(now)
 
-    def _crashed(self, m: _Model, now: float, reason: str) -> None:
+    def _crashed(self, m: ModelRecord, now: float, reason: str) -> None:
         """A ready child died unasked: a crash-loop strike if it was ready only briefly."""
         if m.ready_at is None:
             return
@@ -320,7 +258,7 @@ class Scheduler:
         text = self._backoff_text(m, delay)
         self._cancel_entry(name, 503, "unavailable_error", text, math.ceil(delay))
 
-    def _backoff_text(self, m: _Model, left: float) -> str:
+    def _backoff_text(self, m: ModelRecord, left: float) -> str:
         n = m.crashes.strikes
         times = "once" if n == 1 else f"{n} times in a row"
         return (
@@ -329,7 +267,7 @@ class Scheduler:
             "next start"
         )
 
-    def _failed_load(self, m: _Model, exit_code: int | None, tail: tuple[str, ...]) -> None:
+    def _failed_load(self, m: ModelRecord, exit_code: int | None, tail: tuple[str, ...]) -> None:
         m.failures += 1
         m.log_tail = tail
         limit = self._config.quarantine_after
@@ -392,14 +330,14 @@ class Scheduler:
             raise ValueError("cancel_waiting takes exactly one of model or request_id")
         self._begin()
         if request_id is not None:
-            entry = self._waiting.get(request_id)
+            entry = self._queue.entry_of(request_id)
             chosen = [w for w in entry.waiters if w.request_id == request_id] if entry else []
         else:
-            entry = self._entry_for(model or "")
+            entry = self._queue.entry_for(model or "")
             chosen = list(entry.waiters) if entry else []
         for w in chosen:
             assert entry is not None
-            self._leave(w.request_id)
+            self._queue.leave(w.request_id)
             text = f"the request was cancelled by {actor} while queued for model name={entry.model}"
             self._reject(w, entry.model, 499, "cancelled", text)
         return self._end(now)
@@ -422,7 +360,7 @@ class Scheduler:
         for name, spec in new.items():
             m = self._models.get(name)
             if m is None:
-                self._models[name] = _Model(spec)
+                self._models[name] = ModelRecord(spec)
                 added.append(name)
                 continue
             if m.removed:  # back before its old child exited: keep it
@@ -444,7 +382,7 @@ class Scheduler:
         self._emit(PresetsReloaded(actor, *lists))
         return self._end(now)
 
-    def _remove(self, m: _Model, now: float, actor: str) -> None:
+    def _remove(self, m: ModelRecord, now: float, actor: str) -> None:
         name = m.spec.name
         m.removed = True
         self._cancel_entry(name, 400, "invalid_request_error", f"model '{name}' not found")
@@ -455,12 +393,8 @@ class Scheduler:
         elif not m.stopping:
             self._stop(m, StopReason.REMOVED, Trigger(actor), now)  # loaded -> loaded+stopping
 
-    def _restart(self, m: _Model, now: float, actor: str) -> None:
-        entry = self._entry_for(m.spec.name)
-        if entry is None:
-            entry = _Entry(next(self._tickets), m.spec.name, now)
-            self._queue.append(entry)
-        entry.restart_by = actor
+    def _restart(self, m: ModelRecord, now: float, actor: str) -> None:
+        self._queue.hold(m.spec.name, now, actor)
         if m.in_flight > 0:
             m.drain_then = StopReason.RELOAD  # no new requests; stop when the last one ends
         else:
@@ -490,7 +424,7 @@ class Scheduler:
             if max_wait is not None and now - w.since >= max_wait
         ]  # fmt: skip
         for w, model in expired:
-            self._leave(w.request_id)
+            self._queue.leave(w.request_id)
             text = f"waited {max_wait:g} s for model name={model}; retry later"
             self._reject(w, model, 503, "unavailable_error", text, RETRY_AFTER)
         for m in self._ttl_candidates():
@@ -509,281 +443,3 @@ class Scheduler:
             if m.state in RUNNING and not m.stopping:
                 self._stop(m, StopReason.SHUTDOWN, Trigger(actor), now)  # running -> +stopping
         return self._end(now)
-
-    # ---- read-only ---------------------------------------------------------------------------
-
-    @property
-    def config(self) -> RouterConfig:
-        """Return the limits in force."""
-        return self._config
-
-    def model(self, name: str) -> ModelView:
-        """Return a snapshot of one model; raise UnknownModelError."""
-        m = self._known(name)
-        fields = (m.state, m.stopping, m.in_flight, m.last_used, m.failures, m.spec.pinned)
-        crash = m.crashes
-        return ModelView(name, *fields, m.log_tail, crash.retry_at, crash.strikes, crash.reason)
-
-    def models(self) -> tuple[ModelView, ...]:
-        """Return every model, by name (removed ones still running included)."""
-        return tuple(self.model(name) for name in sorted(self._models))
-
-    def queue(self) -> tuple[QueueEntryView, ...]:
-        """Return the queue entries, head first."""
-        return tuple(self._view(pos, e) for pos, e in enumerate(self._queue, start=1))
-
-    def _view(self, position: int, e: _Entry) -> QueueEntryView:
-        m = self._models[e.model]
-        since = e.waiters[0].since if e.waiters else e.since  # arrival order: oldest first
-        starting = self._fresh(m) and m.state is LOADING
-        restart = e.restart_by is not None
-        head = tuple(e.waiters[:QUEUE_VIEW_REQUESTS])
-        n = len(e.waiters)
-        return QueueEntryView(e.ticket, e.model, position, n, since, starting, restart, head)
-
-    def next_deadline(self) -> float | None:
-        """Return when tick() next has work (max wait, ttl, settle timeout); never poll."""
-        times = [m.last_used + (m.spec.ttl or 0) for m in self._ttl_candidates()]
-        if self._config.max_wait is not None:
-            oldest = (e.waiters[0].since for e in self._queue if e.waiters)  # arrival order
-            times += [since + self._config.max_wait for since in oldest]
-        if self._settle_since is not None:
-            times.append(self._settle_since + self._config.settle_timeout)
-        return min(times, default=None)
-
-    # ---- admission ---------------------------------------------------------------------------
-
-    def _admit(self, now: float) -> None:
-        """Run after every input: serve, claim (A4, A6), then evict (A5)."""
-        if self._closing:
-            return
-        self._settle_timeout(now)
-        self._reject_oversized()
-        for entry in list(self._queue):
-            self._serve_entry(entry, now)
-        self._claim(now)
-        self._evict(now)
-
-    def _reject_oversized(self) -> None:
-        budget = self._config.memory_budget
-        for entry in list(self._queue):
-            need = _estimate(self._models[entry.model])
-            # A3: it could never fit, so evicting for it would be futile
-            if budget is not None and need > budget:
-                text = f"model name={entry.model} needs {need} bytes, more than the memory "
-                self._cancel_entry(entry.model, 500, "server_error", f"{text}budget ({budget})")
-
-    def _serve_entry(self, entry: _Entry, now: float) -> None:
-        m = self._models[entry.model]
-        if self._servable(m):  # A1 for waiters: the model became loaded or sleeping
-            served, entry.waiters = entry.waiters, []
-        elif self._fresh(m) and m.state is LOADING:  # A9: a load is answered once spawned
-            served = [w for w in entry.waiters if w.kind is RequestKind.LOAD]
-            entry.waiters = [w for w in entry.waiters if w.kind is RequestKind.PROXY]
-        else:
-            return
-        entry.restart_by = None
-        for w in served:
-            del self._waiting[w.request_id]
-            self._grant(w, m, now)
-        if not entry.waiters:
-            self._queue.remove(entry)
-
-    def _claim(self, now: float) -> None:
-        """Let successive heads spawn while capacity is real (A4, A6)."""
-        for entry in list(self._queue):
-            m = self._models[entry.model]
-            if m.state in RUNNING:  # starting, or waiting for its own child's exit: no new slot
-                continue
-            if m.crashes.remaining(now) is not None:  # crash-loop back-off: it holds no slot
-                continue
-            if not self._has_capacity(m, now):
-                break  # A4: no entry overtakes a blocked one ahead of it
-            first = entry.waiters[0] if entry.waiters else None
-            actor = first.actor if first else (entry.restart_by or SCHEDULER_ACTOR)
-            request = first.request_id if first else None
-            trigger = Trigger(actor, m.spec.name, request, self._depth())
-            m.last_used = now
-            self._set_state(m, LOADING, f"spawn for entry #{entry.ticket}")  # unloaded -> loading
-            self._emit(Spawn(m.spec.name, m.spec, entry.ticket, trigger))
-            self._serve_entry(entry, now)
-
-    def _has_capacity(self, m: _Model, now: float) -> bool:
-        """A3: a free slot (stopping and stuck count), the budget, and the settle gate."""
-        config = self._config
-        running = [x for x in self._models.values() if x.state in RUNNING]
-        if not config.unlimited and len(running) >= config.models_max:
-            return False
-        if config.memory_budget is None:
-            return True
-        if sum(map(_estimate, running)) + _estimate(m) > config.memory_budget:
-            return False
-        return self._gate_open(m, now)
-
-    def _gate_open(self, m: _Model, now: float) -> bool:
-        """Open the settle gate once a sample covers the estimate plus headroom."""
-        since, available = self._settle_since, self._available
-        if since is None:
-            return True
-        if available is None or available < _estimate(m) + self._config.memory_headroom:
-            return False
-        self._emit(Settled(m.spec.name, now - since, "memory", available))
-        self._settle_since = self._available = None
-        return True
-
-    def _settle_timeout(self, now: float) -> None:
-        since = self._settle_since
-        if since is None or now < since + self._config.settle_timeout:
-            return
-        head = next((e.model for e in self._queue if self._models[e.model].state in DOWN), None)
-        if head is not None:  # audit only a wait somebody waited through
-            self._emit(Settled(head, now - since, "timeout", self._available))
-        self._settle_since = self._available = None
-
-    def _evict(self, now: float) -> None:
-        """A5: while demand exceeds what is free or being freed, stop the LRU idle model."""
-        config, queued = self._config, {e.model for e in self._queue}
-        running = [m for m in self._models.values() if m.state in RUNNING]
-        # A stopping child frees a slot, unless stuck or its own entry waits to reuse it.
-        freeing = [m for m in running if m.stopping and m.state is not STUCK]
-        freeing = [m for m in freeing if m.spec.name not in queued]
-        free_n = math.inf if config.unlimited else config.models_max - len(running) + len(freeing)
-        budget = config.memory_budget
-        free_b = math.inf if budget is None else budget - sum(map(_estimate, running))
-        free_b += sum(map(_estimate, freeing))
-        needs: list[_Entry | None] = [None]  # None: the deficit after lowering a limit
-        needs += [
-            e for e in self._queue
-            if self._models[e.model].state in DOWN
-            and self._models[e.model].crashes.remaining(now) is None
-        ]  # fmt: skip
-        for entry in needs:
-            need_n, need_b = (0, 0) if entry is None else (1, _estimate(self._models[entry.model]))
-            while free_n < need_n or free_b < need_b:
-                victim = self._pick_victim(queued)
-                if victim is None:
-                    return  # wait: the next release or exit re-evaluates (never poll)
-                reason, trigger = self._eviction_cause(entry)
-                # loaded|sleeping -> +stopping (LRU victim for the entry's model)
-                self._stop(victim, reason, trigger, now)
-                free_n, free_b = free_n + 1, free_b + _estimate(victim)
-            free_n, free_b = free_n - need_n, free_b - need_b
-
-    def _eviction_cause(self, entry: _Entry | None) -> tuple[StopReason, Trigger]:
-        if entry is None:
-            return StopReason.SHRINK, Trigger(SCHEDULER_ACTOR, queue_depth=self._depth())
-        first = entry.waiters[0] if entry.waiters else None
-        actor = first.actor if first else (entry.restart_by or SCHEDULER_ACTOR)
-        request = first.request_id if first else None
-        return StopReason.EVICTION, Trigger(actor, entry.model, request, self._depth())
-
-    def _pick_victim(self, queued: set[str]) -> _Model | None:
-        """Return the idle, evictable, unpinned, unwanted model used longest ago (A5, A12)."""
-        candidates = [
-            m
-            for m in self._models.values()
-            if self._fresh(m) and m.state in EVICTABLE and m.in_flight == 0
-            and not m.spec.pinned and m.spec.name not in queued
-        ]  # fmt: skip
-        return min(candidates, key=lambda m: (m.last_used, m.spec.name), default=None)
-
-    # ---- helpers -----------------------------------------------------------------------------
-
-    def _set_state(
-        self, m: _Model, to: ModelState, reason: str, *, stopping: bool | None = None
-    ) -> None:
-        """The one choke point: check ALLOWED, emit exactly one event, none if nothing changed."""
-        if stopping is None:
-            stopping = m.stopping and to in RUNNING  # the flag ends when the child is gone
-        check_transition(m.state, to, stopping=stopping)
-        if (to, stopping) == (m.state, m.stopping):
-            return
-        frm, m.state, m.stopping = m.state, to, stopping
-        self._emit(StateChanged(m.spec.name, frm, to, stopping, reason))
-
-    def _stop(self, m: _Model, reason: StopReason, trigger: Trigger, now: float) -> None:
-        m.stop_reason, m.drain_then = reason, None
-        why = f"{reason} by {trigger.actor}" + (f" for {trigger.model}" if trigger.model else "")
-        self._set_state(m, m.state, why, stopping=True)  # running -> running+stopping
-        if m.state is LOADING or reason is StopReason.HUNG:  # S4: killed at once
-            self._emit(Kill(m.spec.name, reason, trigger, m.in_flight))
-        else:
-            idle = now - m.last_used
-            self._emit(Stop(m.spec.name, reason, trigger, m.spec.stop_timeout, idle, m.in_flight))
-
-    def _grant(self, w: WaiterView, m: _Model, now: float) -> None:
-        m.last_used = now
-        if w.kind is RequestKind.PROXY:
-            m.in_flight += 1
-            self._granted[w.request_id] = m.spec.name
-        self._emit(Grant(w.request_id, m.spec.name, w.kind))
-
-    def _reject(
-        self, w: WaiterView, model: str, status: int, error_type: str, message: str,
-        retry_after: int | None = None, details: tuple[str, ...] = (),
-    ) -> None:  # fmt: skip
-        self._emit(Reject(w.request_id, model, status, error_type, message, retry_after, details))
-
-    def _cancel_entry(
-        self, model: str, status: int, error_type: str, message: str,
-        retry_after: int | None = None, details: tuple[str, ...] = (),
-    ) -> None:  # fmt: skip
-        entry = self._entry_for(model)
-        if entry is None:
-            return
-        self._queue.remove(entry)
-        for w in entry.waiters:
-            del self._waiting[w.request_id]
-            self._reject(w, model, status, error_type, message, retry_after, details)
-
-    def _leave(self, request_id: str) -> None:
-        entry = self._waiting.pop(request_id, None)
-        if entry is None:
-            return
-        entry.waiters = [w for w in entry.waiters if w.request_id != request_id]
-        if not entry.waiters and entry.restart_by is None:  # A7: an empty entry leaves
-            self._queue.remove(entry)
-
-    def _ttl_candidates(self) -> list[_Model]:
-        return [
-            m
-            for m in self._models.values()
-            if m.spec.ttl is not None and not m.spec.pinned and self._fresh(m)
-            and m.state in EVICTABLE and m.in_flight == 0
-        ]  # fmt: skip
-
-    def _fresh(self, m: _Model) -> bool:
-        """Running, not stopping and not draining: it may take new requests."""
-        return m.state in RUNNING and not m.stopping and m.drain_then is None
-
-    def _servable(self, m: _Model) -> bool:
-        return self._fresh(m) and m.state in SERVABLE
-
-    def _entry_for(self, model: str) -> _Entry | None:
-        return next((e for e in self._queue if e.model == model), None)
-
-    def _depth(self) -> int:
-        return sum(len(e.waiters) for e in self._queue)
-
-    def _known(self, name: str) -> _Model:
-        m = self._models.get(name)
-        if m is None:
-            raise UnknownModelError(f"no model named {name!r}")
-        return m
-
-    def _stuck_text(self, name: str) -> str:
-        return f"model name={name} is stuck: its process survived SIGKILL"
-
-    def _emit(self, decision: Decision) -> None:
-        self._out.append(decision)
-
-    def _begin(self) -> None:
-        self._out, self._queue_before = [], self.queue()
-
-    def _end(self, now: float) -> list[Decision]:
-        self._admit(now)
-        after = self.queue()
-        if after != self._queue_before:
-            self._emit(QueueChanged(after))
-        out, self._out = self._out, []
-        return out
