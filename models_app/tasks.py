@@ -216,28 +216,3 @@ def memory_rollup_task() -> int:
 @shared_task
 def preload_model(name: str) -> dict[str, Any]:
     return preload(name)
-
-
-def schedule_preload(
-    name: str, *, hour: int = 9, minute: int = 0, day_of_week: str = "1-5", enabled: bool = True
-) -> Any:
-    """Create or update the periodic task "load ``name`` at hour:minute on day_of_week"."""
-    import json
-
-    from django.conf import settings
-    from django_celery_beat.models import CrontabSchedule, PeriodicTask
-
-    cron, _ = CrontabSchedule.objects.get_or_create(
-        minute=str(minute), hour=str(hour), day_of_week=day_of_week,
-        day_of_month="*", month_of_year="*", timezone=settings.TIME_ZONE,
-    )  # fmt: skip
-    task, _ = PeriodicTask.objects.update_or_create(
-        name=f"preload {name}",
-        defaults={
-            "task": "models_app.tasks.preload_model",
-            "crontab": cron,
-            "args": json.dumps([name]),
-            "enabled": enabled,
-        },
-    )
-    return task

@@ -7,11 +7,16 @@ variable, never silently fall back to a default.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar, overload
 
-TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
-FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+TRUE_WORDS = frozenset({"1", "true", "yes", "on", "enabled"})  # llama.cpp's words too
+FALSE_WORDS = frozenset({"0", "false", "no", "off", "disabled"})
+
+
+N = TypeVar("N", int, float)
+T = TypeVar("T")
 
 
 class EnvError(ValueError):
@@ -43,21 +48,54 @@ def envbool(name: str, default: bool, environ: Mapping[str, str] | None = None) 
     raise EnvError(f"{name}={value!r} is not a boolean; use true or false")
 
 
+@overload
+def envint(
+    name: str, default: int, environ: Mapping[str, str] | None = None, *, minimum: int | None = None
+) -> int: ...
+@overload
 def envint(
     name: str,
-    default: int,
+    default: None,
     environ: Mapping[str, str] | None = None,
     *,
     minimum: int | None = None,
-) -> int:
-    """Return an integer; junk or a value below ``minimum`` raises."""
+) -> int | None: ...
+def envint(
+    name: str,
+    default: int | None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    minimum: int | None = None,
+) -> int | None:
+    """Return an integer (or ``default`` when unset); junk or a value below ``minimum`` raises."""
+    number = _number(name, environ, int, "an integer", minimum)
+    return default if number is None else number
+
+
+def envfloat(
+    name: str, default: float, environ: Mapping[str, str] | None = None, *, minimum: float = 0.0
+) -> float:
+    """Return a finite number of at least ``minimum`` (default 0); junk raises."""
+    number = _number(name, environ, float, "a number", minimum)
+    return default if number is None else number
+
+
+def _number(
+    name: str,
+    environ: Mapping[str, str] | None,
+    parse: Callable[[str], N],
+    what: str,
+    minimum: N | None,
+) -> N | None:
     value = _raw(name, environ)
     if value is None:
-        return default
+        return None
     try:
-        number = int(value)
+        number = parse(value)
     except ValueError:
-        raise EnvError(f"{name}={value!r} is not an integer") from None
+        raise EnvError(f"{name}={value!r} is not {what}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise EnvError(f"{name}={value!r} is not {what}")
     if minimum is not None and number < minimum:
         raise EnvError(f"{name}={number} must be at least {minimum}")
     return number
@@ -66,9 +104,20 @@ def envint(
 def envlist(name: str, default: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
     """Return a comma-separated list with blanks dropped."""
     value = _raw(name, environ)
-    if value is None:
-        return list(default)
-    return [part.strip() for part in value.split(",") if part.strip()]
+    return list(default) if value is None else split_list(value)
+
+
+def split_list(value: str | None) -> list[str]:
+    """``a, b,,c`` -> ``["a", "b", "c"]`` (also for command-line values like ``--api-key``)."""
+    return [part.strip() for part in (value or "").split(",") if part.strip()]
+
+
+def at_startup(read: Callable[[], T]) -> T:
+    """Run an env read for a command's defaults; a bad value exits with its message, no trace."""
+    try:
+        return read()
+    except EnvError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def envpath(name: str, default: Path, environ: Mapping[str, str] | None = None) -> Path:

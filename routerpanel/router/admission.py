@@ -109,6 +109,11 @@ class Admission:
         crash = m.crashes
         return ModelView(name, *fields, m.log_tail, crash.retry_at, crash.strikes, crash.reason)
 
+    def servable(self, name: str) -> bool:
+        """May a request for ``name`` be granted now, without a load (A1)? False if unknown."""
+        m = self._models.get(name)
+        return m is not None and self._servable(m)
+
     def models(self) -> tuple[ModelView, ...]:
         """Return every model, by name (removed ones still running included)."""
         return tuple(self.model(name) for name in sorted(self._models))

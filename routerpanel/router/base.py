@@ -23,8 +23,8 @@ from routerpanel.router.catalogue import Event
 from routerpanel.router.config import PresetSpec, RouterConfig, preset_map
 from routerpanel.router.facts import Facts
 from routerpanel.router.feed import Feed
-from routerpanel.router.scheduler import Scheduler, UnknownModelError
-from routerpanel.router.states import RUNNING, SERVABLE
+from routerpanel.router.scheduler import Scheduler
+from routerpanel.router.states import RUNNING
 from routerpanel.router.timer import Timer
 
 log = logging.getLogger(__name__)
@@ -97,11 +97,7 @@ class EngineBase:
         return any(view.state in RUNNING for view in self._scheduler.models())
 
     def _servable(self, name: str) -> bool:
-        try:
-            view = self._scheduler.model(name)
-        except UnknownModelError:
-            return False
-        return view.state in SERVABLE and not view.stopping
+        return self._scheduler.servable(name)  # one answer: the scheduler's (draining included)
 
     def _forget_gone(self) -> None:
         """Drop what we keep of removed presets once the scheduler has forgotten them (A14)."""

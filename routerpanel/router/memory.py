@@ -1,9 +1,8 @@
-"""Sample system and per-child memory, and keep a one-hour ring of samples (DESIGN S9).
+"""Read system and per-child memory (DESIGN S9).
 
-Sampling is separated from scheduling so tests need no sleeps: ``MemorySampler.sample(now,
-children)`` takes one sample at the time the caller passes and stores it; ``run_every`` is a small
-loop the engine may own as a task. Sampling reads /proc (or the macOS equivalents) and blocks for
-a few milliseconds; call it from a thread (``asyncio.to_thread``) if that matters.
+The timer (timer.py) reads both in a thread once a second and hands the engine a sample; the
+engine keeps the one-hour ring (facts.py). Reading goes through /proc (or the macOS equivalents)
+and blocks for a few milliseconds, hence the thread.
 
 A child's memory is the RSS of its whole process tree (the pid and all descendants), because a
 wrapper script or a grandchild can hold the model. Processes that vanish while being read are
@@ -13,11 +12,7 @@ Metal buffers live); elsewhere it is None.
 
 from __future__ import annotations
 
-import asyncio
-import math
-import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import psutil  # type: ignore[import-untyped, unused-ignore]  # no stubs: types-psutil
@@ -100,67 +95,3 @@ def children_memory(children: Mapping[str, int]) -> tuple[ChildMemory, ...]:
         if measured is not None:
             result.append(ChildMemory(name, pid, *measured))
     return tuple(result)
-
-
-class MemorySampler:
-    """Take samples and keep the last ``window`` seconds of them (default one hour at 1 s).
-
-    Owned by the engine; not thread-safe (one caller at a time).
-    """
-
-    def __init__(
-        self,
-        *,
-        interval: float = 1.0,
-        window: float = 3600.0,
-        read_system: Callable[[], SystemMemory] = system_memory,
-        read_children: Callable[[Mapping[str, int]], tuple[ChildMemory, ...]] = children_memory,
-    ) -> None:
-        if interval <= 0 or window < interval:
-            raise ValueError("need 0 < interval <= window")
-        self.interval = interval
-        self._ring: deque[MemorySample] = deque(maxlen=math.ceil(window / interval))
-        self._read_system = read_system
-        self._read_children = read_children
-
-    @property
-    def capacity(self) -> int:
-        return self._ring.maxlen or 0
-
-    def sample(self, now: float, children: Mapping[str, int]) -> MemorySample:
-        """Take one sample stamped ``now``, store it (evicting the oldest) and return it."""
-        taken = MemorySample(now, self._read_system(), self._read_children(children))
-        self._ring.append(taken)
-        return taken
-
-    def samples(self, since: float | None = None) -> list[MemorySample]:
-        """Return the stored samples, oldest first, optionally only those at or after ``since``."""
-        return [s for s in self._ring if since is None or s.time >= since]
-
-    def latest(self) -> MemorySample | None:
-        return self._ring[-1] if self._ring else None
-
-    def __len__(self) -> int:
-        return len(self._ring)
-
-
-async def run_every(
-    interval: float,
-    callback: Callable[[float], Awaitable[None] | None],
-    *,
-    clock: Callable[[], float] = time.monotonic,
-) -> None:
-    """Call ``callback(now)`` every ``interval`` seconds until cancelled, without drift.
-
-    Ticks missed because a callback ran long are skipped, not bunched up.
-    """
-    next_tick = clock()
-    while True:
-        outcome = callback(clock())
-        if outcome is not None:
-            await outcome
-        next_tick += interval
-        now = clock()
-        if next_tick < now:
-            next_tick = now + interval - (now - next_tick) % interval
-        await asyncio.sleep(next_tick - now)

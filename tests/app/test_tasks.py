@@ -262,15 +262,24 @@ class TestRouterJobs:
         again = await sync_to_async(tasks.preload, thread_sensitive=False)("qwen-7b", client)
         assert again["already_running"] is True
 
-    async def test_a_weekday_preload_is_a_periodic_task_admins_can_edit(self) -> None:
-        task = await sync_to_async(tasks.schedule_preload)("qwen-7b", hour=9, minute=0)
+    async def test_a_weekday_preload_is_a_periodic_task_beat_runs_with_our_task(self) -> None:
+        # What the admin's "add periodic task" form stores for "load qwen-7b at 9:00 on weekdays".
+        from django_celery_beat.models import CrontabSchedule
+
+        from routerpanel.celery import app
+
+        cron = await CrontabSchedule.objects.acreate(minute="0", hour="9", day_of_week="1-5")
+        task = await PeriodicTask.objects.acreate(
+            name="preload qwen-7b", task="models_app.tasks.preload_model", crontab=cron,
+            args='["qwen-7b"]',
+        )  # fmt: skip
         stored = await PeriodicTask.objects.select_related("crontab").aget(pk=task.pk)
-        assert stored.task == "models_app.tasks.preload_model" and stored.args == '["qwen-7b"]'
         assert (stored.crontab.hour, stored.crontab.minute, stored.crontab.day_of_week) == (
             "9",
             "0",
             "1-5",
         )
+        assert app.tasks[stored.task].name == tasks.preload_model.name  # registered, not a typo
 
 
 @pytest.mark.django_db

@@ -6,7 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from routerpanel.env import EnvError, envbool, envint, envlist, envpath, envstr, secret_key_from
+from routerpanel.env import (
+    EnvError,
+    at_startup,
+    envbool,
+    envfloat,
+    envint,
+    envlist,
+    envpath,
+    envstr,
+    secret_key_from,
+    split_list,
+)
 
 
 class TestEnvbool:
@@ -35,6 +46,37 @@ class TestEnvint:
     def test_it_raises_below_the_minimum(self) -> None:
         with pytest.raises(EnvError, match="must be at least 0"):
             envint("N", 4, {"N": "-1"}, minimum=0)
+
+
+    def test_an_unset_variable_may_mean_none(self) -> None:
+        assert envint("N", None, {}) is None
+        assert envint("N", None, {"N": "0"}) == 0
+
+
+class TestEnvfloat:
+    def test_it_reads_numbers_and_defaults(self) -> None:
+        assert envfloat("T", 30.0, {"T": "2.5"}) == 2.5
+        assert envfloat("T", 30.0, {}) == 30.0
+
+    @pytest.mark.parametrize("junk", ["abc", "nan", "inf", "-1"])
+    def test_it_raises_on_junk_non_finite_or_negative(self, junk: str) -> None:
+        with pytest.raises(EnvError, match=f"T={junk}|T='{junk}'"):
+            envfloat("T", 30.0, {"T": junk})
+
+
+def test_a_bad_value_for_a_command_default_exits_with_its_message_not_a_trace() -> None:
+    assert at_startup(lambda: envint("N", 1, {"N": "4"})) == 4
+    with pytest.raises(SystemExit, match="N='x' is not an integer"):
+        at_startup(lambda: envint("N", 1, {"N": "x"}))
+
+
+def test_llama_cpp_booleans_are_understood() -> None:
+    assert envbool("B", True, {"B": "disabled"}) is False
+    assert envbool("B", False, {"B": "enabled"}) is True
+
+
+def test_split_list_reads_a_command_line_list() -> None:
+    assert split_list(" k1, ,k2,") == ["k1", "k2"] and split_list(None) == []
 
 
 def test_envlist_drops_blanks() -> None:

@@ -576,6 +576,18 @@ class TestA14Reload:
         assert spawned(s.child_exited("a", now=4, exit_code=0)) == ["a"]
         assert granted(s.child_ready("a", now=5)) == ["r2"]
 
+    def test_a14_a_draining_model_is_not_servable_so_no_autoload_answers_not_loaded(self) -> None:
+        s = sched("a")
+        rid = warm(s, "a", now=0, busy=True)
+        assert s.servable("a") and not s.servable("nope")
+        s.reload([preset("a", env=(("A", "1"),))], now=1, actor="admin")
+        assert s.model("a").state is S.LOADED and not s.servable("a")  # the engine asks this
+        assert stopped(s.request_finished(rid, now=2)) == ["a"]
+        assert spawned(s.child_exited("a", now=3, exit_code=0)) == ["a"]  # the new command
+        assert not s.servable("a")  # loading
+        s.child_ready("a", now=4)
+        assert s.servable("a")
+
     def test_a14_it_stops_removed_models_and_rejects_their_waiters(self) -> None:
         s = sched("a", "x", models_max=1)
         ra = warm(s, "a", now=0, busy=True)

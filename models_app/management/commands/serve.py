@@ -17,10 +17,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from models_app import bootstrap, runtime, security, sources
+from models_app.api import auth
 from models_app.locks import LockHeld
 from models_app.management.commands import _inputs as inputs
 from models_app.models import Preset, RouterSettings
 from models_app.routerproc import RouterProcess, raise_open_files_limit
+from routerpanel.env import at_startup, envbool, envint, envstr, split_list
 
 
 class Command(BaseCommand):
@@ -30,27 +32,27 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--host",
-            default=runtime.env_default("LLAMA_ARG_HOST", "127.0.0.1"),
+            default=envstr("LLAMA_ARG_HOST", "127.0.0.1"),
             help="listen address (127.0.0.1)",
         )
         parser.add_argument(
             "--port",
             type=int,
-            default=int(runtime.env_default("LLAMA_ARG_PORT", "8080") or 8080),
+            default=at_startup(lambda: envint("LLAMA_ARG_PORT", 8080, minimum=0)),
             help="listen port (8080)",
         )
         runtime.add_router_arguments(parser)
         parser.add_argument(
             "--api-key",
             metavar="K[,K]",
-            default=runtime.env_default("LLAMA_API_KEY"),
+            default=envstr("LLAMA_API_KEY") or None,
             help="API keys clients must send (Bearer or x-api-key)",
         )
         parser.add_argument(
             "--no-models-autoload",
             dest="autoload",
             action="store_false",
-            default=runtime.env_default("LLAMA_ARG_MODELS_AUTOLOAD", "1") not in ("0", "false"),
+            default=at_startup(lambda: envbool("LLAMA_ARG_MODELS_AUTOLOAD", True)),
             help="do not start a model for a request unless it asks with ?autoload=true",
         )
         parser.add_argument(
@@ -92,14 +94,10 @@ class Command(BaseCommand):
 
     def _configure_web(self, options: dict[str, Any]) -> None:
         runtime.OPTIONS.autoload = options["autoload"]
-        runtime.OPTIONS.api_keys = runtime.split_keys(options["api_key"])
+        runtime.OPTIONS.api_keys = split_list(options["api_key"])
         runtime.OPTIONS.models_preset = options["models_preset"]
         runtime.OPTIONS.models_dir = options["models_dir"]
         runtime.OPTIONS.router = not options["no_router"]
-        try:
-            from models_app.api import auth
-        except ImportError:  # the HTTP layer lands in its own change
-            return
         auth.configure(runtime.OPTIONS.api_keys)
 
     def _import_sources(self, options: dict[str, Any]) -> None:
