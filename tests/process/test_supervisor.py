@@ -36,7 +36,7 @@ from routerpanel.router.supervisor import (
     pick_free_port,
     reap_leftovers,
 )
-from routerpanel.router.supervisor import core as supervisor_module  # where _poll looks it up
+from routerpanel.router.supervisor import output as supervisor_module  # where _poll looks it up
 
 E = TypeVar("E", bound=SupervisorEvent)
 WAIT = 60.0  # generous: the machine is small and busy

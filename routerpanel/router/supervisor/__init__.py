@@ -35,9 +35,12 @@ the whole group gets SIGKILL. The leader's exit is awaited through the loop's ch
 (S5; on Python 3.11 ``Process.wait()`` would also wait for pipes a grandchild may hold); then
 the rest of its group is SIGKILLed, so wrappers leave no orphans, and the pipes are drained.
 
-Modules: ``core`` (the ``Supervisor``), ``reports`` (what it reports), ``child`` (one child's
-record), ``protocol`` (state lines, line splitting, the /health probe), ``processes`` (ports,
-environment, process groups) and ``statefile`` (the state file and leftovers, S8).
+Modules: ``core`` (the ``Supervisor``: spawn, watch, reap, shutdown), built in layers on
+``base`` (what it owns, reporting, the state file), ``output`` (reading a child's pipes, state
+lines, readiness) and ``stopping`` (S4, S6); beside them ``reports`` (what it reports), ``child``
+(one child's record), ``protocol`` (state lines, line splitting, the /health probe), ``flood``
+(the log budget), ``processes`` (ports, environment, process groups) and ``statefile`` (the
+state file and leftovers, S8).
 """
 
 from __future__ import annotations

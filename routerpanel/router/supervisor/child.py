@@ -17,7 +17,7 @@ LAST_LINES = 30
 
 
 @dataclass(frozen=True, slots=True)
-class _Launch:
+class Launch:
     name: str
     argv: tuple[str, ...]
     env: dict[str, str]
@@ -26,8 +26,8 @@ class _Launch:
 
 
 @dataclass(eq=False)
-class _Child:
-    launch: _Launch
+class Child:
+    launch: Launch
     proc: asyncio.subprocess.Process
     transport: asyncio.SubprocessTransport
     exited_future: asyncio.Future[None]
@@ -70,7 +70,7 @@ class _Child:
         self.timers.clear()
 
 
-def _exit_error(child: _Child, code: int | None, sig: int | None) -> str:
+def exit_error(child: Child, code: int | None, sig: int | None) -> str:
     if child.load_timed_out:
         return f"load timeout: not ready after {child.launch.load_timeout} s"
     if child.bind_failed and child.ready_at is None:

@@ -43,7 +43,7 @@ def child_environment(base: Mapping[str, str], strip: Collection[str]) -> dict[s
     return {k: v for k, v in base.items() if k not in exact and not k.startswith(prefixes)}
 
 
-class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+class ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
     """Stream the pipes as usual, and resolve ``exited`` when the leader process exits.
 
     On Python 3.11 ``Process.wait()`` also waits until every pipe is closed, so a grandchild
@@ -61,7 +61,7 @@ class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
             self.exited.set_result(None)
 
 
-def _killpg(pgid: int, sig: signal.Signals) -> bool:
+def killpg(pgid: int, sig: signal.Signals) -> bool:
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
@@ -72,7 +72,7 @@ def _killpg(pgid: int, sig: signal.Signals) -> bool:
     return True
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -82,7 +82,7 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _create_time(pid: int) -> float | None:
+def create_time(pid: int) -> float | None:
     try:
         created: float = psutil.Process(pid).create_time()
     except psutil.Error:

@@ -15,7 +15,7 @@ EXIT_COMMAND = b"cmd_router_to_child:exit\n"
 # llama.cpp tools/server/server-http.cpp prints the first; Python servers print the second.
 BIND_FAILURE_MARKERS = ("couldn't bind HTTP server socket", "Address already in use")
 MAX_LINE_BYTES = 64 * 1024
-_STATE_NAMES: dict[str, ChildStateName] = {
+STATE_NAMES: dict[str, ChildStateName] = {
     "loading": "loading",
     "ready": "ready",
     "sleeping": "sleeping",
@@ -47,7 +47,7 @@ async def probe_health(port: int, timeout: float = 2.0) -> int | None:
     return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
 
 
-class _LineSplitter:
+class LineSplitter:
     """Split a byte stream into text lines, keeping at most ``limit`` bytes of any line (S7)."""
 
     def __init__(self, limit: int = MAX_LINE_BYTES) -> None:

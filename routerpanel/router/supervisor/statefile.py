@@ -19,7 +19,7 @@ import psutil  # type: ignore[import-untyped, unused-ignore]  # no stubs: types-
 from routerpanel.router.supervisor.reports import Leftover
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -1,0 +1,207 @@
+"""Turn the sections of a preset INI into ``PresetDef``s, checking every key (ROUTER_SPEC §11.C)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from routerpanel.router import ini, options
+from routerpanel.router.presets.definition import (
+    DEFAULT_PROGRAM,
+    ENV_PREFIX,
+    LLAMA_ROUTER_KEYS,
+    ROUTER_FLAG_HOMES,
+    ROUTER_KEY_ENV_NAMES,
+    ROUTERPANEL_KEYS,
+    ParsedPresets,
+    PresetDef,
+    Resolver,
+    builtin_only,
+)
+from routerpanel.router.presets.values import (
+    check_server_bin,
+    parse_bool,
+    parse_duration,
+    parse_seconds,
+    parse_size,
+    parse_stop_timeout,
+    split_list,
+)
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_presets(
+    text: str | bytes,
+    source: str = "<preset>",
+    *,
+    default_bin: str = DEFAULT_PROGRAM,
+    options_for: Resolver | None = None,
+) -> ParsedPresets:
+    """Parse and check a whole preset file; raise ``ini.IniError`` naming the first bad line.
+
+    Each section's llama-server options are checked against ``options_for(program)``, the
+    program being the section's ``server-bin``, else ``[*]``'s, else ``default_bin``.
+    """
+    resolve = options_for or builtin_only(default_bin)
+    doc = ini.parse(text, source)
+    warnings = list(doc.warnings)
+    global_section = doc.global_section
+    global_def = None
+    global_bin = _declared_bin(global_section)
+    if global_section is not None:
+        catalogue = resolve(global_bin or default_bin)
+        global_def = section_to_def(global_section, source, warnings, catalogue)
+    presets = []
+    for section in doc.model_sections:
+        program = _declared_bin(section) or global_bin or default_bin
+        presets.append(section_to_def(section, source, warnings, resolve(program)))
+    check_aliases(presets, source)
+    lines = {s.name: s.line for s in doc.model_sections}
+    return ParsedPresets(global_def, presets, warnings, lines)
+
+
+def _declared_bin(section: ini.Section | None) -> str:
+    """Return the section's server-bin if it is usable (section_to_def reports it otherwise)."""
+    value = section.get("server-bin") if section is not None else None
+    try:
+        return check_server_bin(value) if value is not None else ""
+    except ValueError:
+        return ""
+
+
+def section_to_def(
+    section: ini.Section,
+    source: str,
+    warnings: list[ini.IniWarning] | None = None,
+    catalogue: options.Catalogue | None = None,
+) -> PresetDef:
+    """Check each key of ``section`` against ``catalogue`` (default: b11434) into a PresetDef."""
+    sink = warnings if warnings is not None else []
+    known = catalogue or options.builtin()
+    fields: dict[str, object] = {}
+    args: list[tuple[str, str]] = []
+    env: list[tuple[str, str]] = []
+    aliases: tuple[str, ...] = ()
+    model_path = ""
+    for entry in section.entries:
+        key, value = ROUTER_KEY_ENV_NAMES.get(entry.key, entry.key), entry.value
+        try:
+            if key.startswith(ENV_PREFIX):
+                env.append((_env_name(key), value))
+            elif key in ROUTERPANEL_KEYS or key in LLAMA_ROUTER_KEYS:
+                _router_key(key, value, entry.line, fields, sink)
+            else:
+                found = check_option(key, section.name, known, entry.line, sink)
+                if found is not None and found.key == "alias":
+                    aliases = split_list(value)
+                elif found is not None and found.key == "model":
+                    model_path = value
+                else:
+                    args.append((key, value))
+        except ValueError as exc:
+            raise ini.IniError(str(exc), entry.line, source) from None
+    return PresetDef(
+        name=section.name,
+        aliases=aliases,
+        model_path=model_path,
+        args=tuple(args),
+        env=tuple(env),
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def check_option(
+    key: str,
+    preset: str,
+    catalogue: options.Catalogue,
+    line: int = 0,
+    warnings: list[ini.IniWarning] | None = None,
+) -> options.LlamaOption | None:
+    """Return the option ``key`` names for the program of ``preset``; raise ValueError if that
+    program does not accept it. Warn (into ``warnings``) when the key goes unchecked because
+    the program's options could not be read, and when llama.cpp would silently drop it."""
+    sink = warnings if warnings is not None else []
+    table = catalogue if isinstance(catalogue, options.OptionTable) else options.builtin()
+    found = table.lookup(key)
+    where = f" in preset '{preset}'" if preset else ""
+    if found is None and isinstance(catalogue, options.OptionTable):
+        message = f"option '{key}' not recognized{where}"
+        if catalogue is not options.builtin():
+            message += f" ('{catalogue.origin} --help' does not list it)"
+        raise ValueError(message)
+    if found is None:
+        assert isinstance(catalogue, options.Unreadable)
+        sink.append(
+            ini.IniWarning(
+                line,
+                f"option '{key}'{where} is not checked: the options of "
+                f"'{catalogue.program}' could not be read ({catalogue.reason})",
+            )
+        )
+        return None
+    home = ROUTER_FLAG_HOMES.get(found[0].key)
+    if home is not None:
+        sink.append(
+            ini.IniWarning(
+                line,
+                f"'{key}'{where} is ignored, as llama.cpp ignores it in a preset file; use {home}",
+            )
+        )
+    return found[0]
+
+
+def _env_name(key: str) -> str:
+    name = key[len(ENV_PREFIX) :]
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError(f"'{key}': environment variable names use letters, digits and '_'")
+    return name
+
+
+def _router_key(
+    key: str, value: str, line: int, fields: dict[str, object], warnings: list[ini.IniWarning]
+) -> None:
+    if key == "stop-timeout":
+        fields["stop_timeout"] = parse_stop_timeout(value, line, warnings)
+    elif key == "load-on-startup":
+        if not (options.is_truthy(value) or options.is_falsey(value)):
+            warnings.append(ini.IniWarning(line, f"load-on-startup = {value!r} counts as false"))
+        fields["load_on_startup"] = options.is_truthy(value)
+    elif key == "dedup-cache-models":
+        warnings.append(ini.IniWarning(line, "dedup-cache-models has no effect in RouterPanel"))
+    elif key == "server-bin":
+        fields["server_bin"] = check_server_bin(value)
+    elif key in ("pinned", "enabled"):
+        fields[key] = parse_bool(key, value)
+    elif key in ("ttl", "load-timeout"):
+        fields[key.replace("-", "_")] = parse_seconds(key, value)
+    elif key == "hang-timeout":
+        fields["hang_timeout"] = parse_duration(key, value)
+    elif key == "memory":
+        fields["memory"] = parse_size(value)
+
+
+def check_aliases(presets: Iterable[PresetDef], source: str = "<preset>") -> None:
+    """Reject names and aliases that collide, with llama.cpp's messages (ROUTER_SPEC 2.9)."""
+    ordered = sorted(presets, key=lambda p: p.name.encode())
+    names = {p.name for p in ordered}
+    owner: dict[str, str] = {}
+    for preset in ordered:
+        if preset.name in owner:
+            raise ini.IniError(
+                f"model name '{preset.name}' conflicts with alias of model '{owner[preset.name]}'",
+                source=source,
+            )
+        for alias in preset.aliases:
+            if alias in names and alias != preset.name:
+                raise ini.IniError(
+                    f"alias '{alias}' for model '{preset.name}' conflicts with existing model name",
+                    source=source,
+                )
+            if alias in owner and owner[alias] != preset.name:
+                raise ini.IniError(
+                    f"alias '{alias}' for model '{preset.name}' conflicts with alias of "
+                    f"model '{owner[alias]}'",
+                    source=source,
+                )
+            owner[alias] = preset.name

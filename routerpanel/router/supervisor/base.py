@@ -1,0 +1,148 @@
+"""The supervisor's base: what it owns (children, log rings, the state file) and how it reports.
+
+``SupervisorBase`` keeps the live children by name, the per-name log rings (kept across
+restarts), and the ``post`` callback every report goes through; it writes the state file (S8)
+whenever the set of children changes. The layers above read a child's output (output.py), stop
+it (stopping.py) and start and reap it (core.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+
+from routerpanel.router.supervisor.child import Child
+from routerpanel.router.supervisor.processes import (
+    ROUTER_ONLY_ENV,
+    child_environment,
+    pick_free_port,
+)
+from routerpanel.router.supervisor.reports import ChildInfo, LogLine, SupervisorEvent
+from routerpanel.router.supervisor.statefile import atomic_write
+
+log = logging.getLogger("routerpanel.router.supervisor")  # the package's name, as before the split
+
+
+class SupervisorBase:
+    """Own the children and their logs; post every report through one callback."""
+
+    def __init__(
+        self,
+        post: Callable[[SupervisorEvent], None],
+        *,
+        state_file: Path | None,
+        log_lines: int = 500,
+        health_interval: float = 0.1,
+        kill_grace: float = 5.0,
+        bind_retries: int = 3,
+        strip_env: Collection[str] = (),
+        router_port: int = 0,
+        port_picker: Callable[[], int] = pick_free_port,
+    ) -> None:
+        self._post_cb = post
+        self._state_file = state_file
+        self._log_lines = log_lines
+        self._health_interval = health_interval
+        self._kill_grace = kill_grace
+        self._bind_retries = bind_retries
+        self._router_port = router_port
+        self._pick_port = port_picker
+        # Captured once, like llama.cpp (ROUTER_SPEC 4.6), but filtered (S1, §15.20).
+        self._base_env = child_environment(os.environ, (*ROUTER_ONLY_ENV, *strip_env))
+        self._children: dict[str, Child] = {}
+        self._reserved: set[str] = set()
+        self._logs: dict[str, deque[LogLine]] = {}
+        self._closed = False
+
+    def live(self) -> dict[str, ChildInfo]:
+        """Return a snapshot of every child whose exit has not been posted yet."""
+        return {c.name: self._info(c) for c in self._live()}
+
+    def logs(self, name: str) -> list[LogLine]:
+        """Return the ring buffer of ``name`` (kept after the exit, across restarts)."""
+        return list(self._logs.get(name, ()))
+
+    def forget_logs(self, name: str) -> None:
+        """Drop the ring buffer of a removed model."""
+        self._logs.pop(name, None)
+
+    # ----------------------------------------------------------------- reporting
+
+    def _note(self, name: str, child: Child | None, text: str) -> None:
+        self._log(name, child, LogLine(name, "router", text, time.time()))
+
+    def _log(self, name: str, child: Child | None, line: LogLine) -> None:
+        self._keep(child, line, name)
+        self._post(line)
+
+    def _keep(self, child: Child | None, line: LogLine, name: str | None = None) -> None:
+        """Put a line in the ring buffer and the child's last lines, without streaming it."""
+        name = name or line.name
+        ring = self._logs.get(name)
+        if ring is None:
+            ring = self._logs[name] = deque(maxlen=self._log_lines)
+        ring.append(line)
+        if child is not None:
+            child.lines.append(line)
+
+    def _post(self, event: SupervisorEvent) -> None:
+        try:
+            self._post_cb(event)
+        except Exception:  # a faulty consumer must not orphan a child
+            log.exception("supervisor event consumer failed on %r", event)
+
+    def _info(self, child: Child) -> ChildInfo:
+        return ChildInfo(
+            name=child.name,
+            pid=child.pid,
+            port=child.port,
+            argv=child.argv,
+            state=child.state,
+            ready=child.ready_at is not None,
+            stopping=child.stop_requested_at is not None,
+            stop_deadline=child.stop_deadline,
+            stuck=child.stuck,
+        )
+
+    def _live(self) -> list[Child]:
+        return list(self._children.values())
+
+    def _free_port(self) -> int:
+        taken = {c.port for c in self._children.values()}
+        port = self._pick_port()
+        for _ in range(10):
+            if port not in taken:
+                break
+            port = self._pick_port()
+        return port
+
+    @staticmethod
+    def _timeout_for(name: str, timeout: float | Mapping[str, float]) -> float:
+        return timeout.get(name, 10.0) if isinstance(timeout, Mapping) else timeout
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def _write_state(self) -> None:
+        """Rewrite the state file atomically (S8): temp file in the same dir, then replace."""
+        if self._state_file is None:
+            return
+        children = [
+            {
+                "name": c.name,
+                "pid": c.pid,
+                "pgid": c.pid,  # start_new_session: the child leads its own group
+                "create_time": c.create_time,
+                "argv": list(c.argv),
+            }
+            for c in self._children.values()
+        ]
+        data = json.dumps({"version": 1, "router_pid": os.getpid(), "children": children})
+        atomic_write(self._state_file, data)
