@@ -20,7 +20,7 @@ from django.http import HttpRequest
 
 from models_app.bridge import RouterClient, RouterRejected
 from models_app.roles import Role, role_of
-from routerpanel.router import catalogue
+from routerpanel.router import catalogue, states
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ def panel(request: HttpRequest) -> dict[str, Any]:
     role = role_of(getattr(request, "user", None))
     return {
         "event_names": catalogue.names(),  # the browser's copy of the event catalogue
+        "model_states": states.browser_sets(),  # and of the state sets (states.py)
         "panel_role": role.label,
         "can_view": role >= Role.VIEWER,
         "can_operate": role >= Role.OPERATOR,

@@ -53,6 +53,14 @@ DOWN: frozenset[ModelState] = frozenset({UNLOADED, FAILED, QUARANTINED})
 # Reported as llama.cpp's ``"failed": true`` (a force-kill reports failed there too, §3.5).
 FAILED_STATES: frozenset[ModelState] = frozenset({FAILED, QUARANTINED, STUCK})
 
+
+
+def browser_sets() -> dict[str, list[str]]:
+    """The state sets the panel's scripts use, rendered into every page (one source of truth)."""
+    sets = {"RUNNING": RUNNING, "STOPPABLE": STOPPABLE, "DOWN": DOWN, "SERVABLE": SERVABLE}
+    return {name: sorted(str(state) for state in states) for name, states in sets.items()}
+
+
 ALLOWED: dict[ModelState, frozenset[ModelState]] = {
     UNLOADED: frozenset({LOADING}),
     FAILED: frozenset({LOADING, UNLOADED}),

@@ -5,7 +5,7 @@
 (function () {
   "use strict";
 
-  const { Live, EVENTS, bytes, seconds, ago, clock, toast } = window.Panel;
+  const { Live, EVENTS, STATES, bytes, seconds, ago, clock, toast } = window.Panel;
   const root = document.getElementById("dashboard");
   if (!root) return;
 
@@ -13,8 +13,8 @@
     loaded: "●", loading: "◐", sleeping: "☾", unloaded: "○", failed: "✕",
     quarantined: "⊘", stuck: "⚠", unknown: "?",
   };
-  const DOWN = new Set(["unloaded", "failed", "quarantined", "unknown"]);
-  const RUNNING = new Set(["loading", "loaded", "sleeping"]);
+  const DOWN = new Set([...STATES.DOWN, "unknown"]); // "unknown": the page has not heard yet
+  const { RUNNING, STOPPABLE } = STATES;
   const FEED_ROWS = 12;
   const MAX_POINTS = 3600;
 
@@ -102,7 +102,7 @@
       const rule = button.dataset.show;
       button.hidden = !(
         (rule === "down" && DOWN.has(state)) ||
-        (rule === "running" && RUNNING.has(state) && !m.stopping) ||
+        (rule === "running" && STOPPABLE.has(state) && !m.stopping) ||
         (rule === "pinned" && m.pinned) ||
         (rule === "unpinned" && !m.pinned)
       );
@@ -197,7 +197,7 @@
     queue = snap.queue || [];
     renderQueue();
     const max = config.models_max;
-    const running = snap.models.filter((m) => RUNNING.has(m.state) || m.state === "stuck").length;
+    const running = snap.models.filter((m) => RUNNING.has(m.state)).length;
     document.getElementById("slots").textContent =
       max === undefined ? "" : `${running} of ${max === 0 ? "unlimited" : max} running`;
     if (snap.memory) renderMemNow(snap.memory);

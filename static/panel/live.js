@@ -10,6 +10,15 @@
   // The router's event names, from its one catalogue (routerpanel/router/catalogue.py), rendered
   // into every page: no script spells an event name itself.
   const EVENTS = Object.freeze(JSON.parse(document.getElementById("event-names").textContent));
+  // And the state sets (routerpanel/router/states.py): RUNNING counts toward models_max (stuck
+  // included), STOPPABLE may be unloaded, DOWN has no child.
+  const STATES = Object.freeze(
+    Object.fromEntries(
+      Object.entries(JSON.parse(document.getElementById("model-states").textContent)).map(
+        ([name, states]) => [name, new Set(states)],
+      ),
+    ),
+  );
   const MAX_DELAY = 30000;
 
   class Live {
@@ -226,5 +235,5 @@
     setTimeout(() => item.remove(), kind === "error" ? 8000 : 4000);
   }
 
-  window.Panel = { Live, EVENTS, bytes, seconds, ago, clock, toast };
+  window.Panel = { Live, EVENTS, STATES, bytes, seconds, ago, clock, toast };
 })();

@@ -6,6 +6,7 @@ event name spelled anywhere but the catalogue fails them too.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -61,3 +62,18 @@ def test_the_dashboard_page_carries_the_catalogue(admin_client: object) -> None:
     page = admin_client.get("/").content.decode()  # type: ignore[attr-defined]
     assert '<script id="event-names" type="application/json">' in page
     assert '"MODEL_STATE": "model.state"' in page
+
+
+def test_the_page_carries_the_state_sets_so_scripts_count_stuck_children(
+    admin_client: object,
+) -> None:
+
+    page = admin_client.get("/").content.decode()  # type: ignore[attr-defined]
+    found = re.search(r'<script id="model-states" type="application/json">(.*?)</script>', page)
+    assert found is not None
+    sets = json.loads(found.group(1))
+    assert sets["RUNNING"] == ["loaded", "loading", "sleeping", "stuck"]  # counted toward the max
+    assert "stuck" not in sets["STOPPABLE"] and "quarantined" in sets["DOWN"]
+    scripts = (REPO / "static" / "panel").glob("*.js")
+    spelled = [p.name for p in scripts if re.search(r'new Set\(\[\s*"loading"', p.read_text())]
+    assert spelled == []  # no script keeps its own copy of a state set
