@@ -38,7 +38,7 @@ class PresetAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Preset, form: Any, change: bool) -> None:
         before = audit.preset_state(Preset.objects.filter(pk=obj.pk).first() if change else None)
-        obj.updated_by = request.user  # type: ignore[assignment]
+        obj.updated_by = request.user
         super().save_model(request, obj, form, change)
         audit.record_preset_change(before, obj, audit.actor_of(request.user))
 
@@ -67,7 +67,7 @@ class RouterSettingsAdmin(admin.ModelAdmin):
     ) -> None:
         stored = RouterSettings.objects.filter(pk=1).first()
         before = audit.settings_state(stored) if stored is not None else {}
-        obj.updated_by = request.user  # type: ignore[assignment]
+        obj.updated_by = request.user
         super().save_model(request, obj, form, change)
         audit.record_settings_change(before, obj, audit.actor_of(request.user))
 

@@ -28,11 +28,16 @@ SETTINGS_FIELDS = (
 
 def preset_state(preset: Preset | None) -> dict[str, Any] | None:
     """The audited fields of a preset, to pass as ``before`` to ``record_preset_change``."""
-    return None if preset is None else model_to_dict(preset, fields=PRESET_FIELDS)
+    return None if preset is None else _fields(preset, PRESET_FIELDS)
 
 
 def settings_state(row: RouterSettings) -> dict[str, Any]:
-    return model_to_dict(row, fields=SETTINGS_FIELDS)
+    return _fields(row, SETTINGS_FIELDS)
+
+
+def _fields(row: Preset | RouterSettings, fields: tuple[str, ...]) -> dict[str, Any]:
+    state: dict[str, Any] = model_to_dict(row, fields=fields)
+    return state
 
 
 def diff(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, list[Any]]:

@@ -27,7 +27,7 @@ from typing import Any
 from models_app.models import AuditKind
 from routerpanel.router.catalogue import Event
 from routerpanel.router.decisions import StopReason
-from routerpanel.router.engine import EngineEvent
+from routerpanel.router.feed import EngineEvent
 
 log = logging.getLogger(__name__)
 

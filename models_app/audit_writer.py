@@ -36,7 +36,8 @@ from models_app.audit_mapper import (
     stop_reason,
 )
 from models_app.models import AuditEvent
-from routerpanel.router.engine import Engine, EngineEvent
+from routerpanel.router.engine import Engine
+from routerpanel.router.feed import EngineEvent
 
 __all__ = [
     "LAST_LINES", "AuditMapper", "AuditWriter", "DatabaseUnavailable", "new_router_id",

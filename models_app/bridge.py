@@ -61,7 +61,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, TypeVar
 from channels.layers import BaseChannelLayer, get_channel_layer
 
 if TYPE_CHECKING:
-    from routerpanel.router.engine import Engine, RouterError
+    from routerpanel.router.engine import Engine
+    from routerpanel.router.errors import RouterError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -248,7 +249,7 @@ class RouterClient:
     async def _acquire_local(
         self, host: LocalRouter, model: str, actor: str, autoload: bool, request_id: str
     ) -> Grant:
-        from routerpanel.router.engine import RouterError
+        from routerpanel.router.errors import RouterError
 
         engine = host.engine
         if engine is None:
@@ -367,7 +368,7 @@ class RouterClient:
     async def _call_local(
         self, host: LocalRouter, kind: str, payload: dict[str, Any]
     ) -> dict[str, Any]:
-        from routerpanel.router.engine import RouterError
+        from routerpanel.router.errors import RouterError
 
         try:
             return await _on_loop(host, host.call(kind, payload))

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -66,7 +67,7 @@ def audit_row(row: AuditEvent) -> dict[str, Any]:
         "id": row.pk,
         "time": row.time.timestamp(),
         "kind": row.kind,
-        "kind_label": row.get_kind_display(),  # type: ignore[attr-defined]
+        "kind_label": row.get_kind_display(),
         "model": row.model,
         "actor": row.actor,
         "reason": row.reason,
@@ -81,7 +82,7 @@ def preset_facts() -> dict[str, dict[str, Any]]:
     return {name: {"id": pk, "estimate": own or gguf} for name, pk, own, gguf in rows}
 
 
-class DashboardConsumer(AsyncJsonWebsocketConsumer):
+class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Channels: no types
     """One browser tab's live view; see the module doc for the messages."""
 
     async def connect(self) -> None:
@@ -265,7 +266,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
                     await self.close(code=CLOSE_FORBIDDEN)
                     return
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self._done)

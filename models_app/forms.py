@@ -41,7 +41,7 @@ class SizeField(forms.CharField):
             return presets.format_size(value)
         return value
 
-    def to_python(self, value: Any) -> int | None:  # type: ignore[override]
+    def to_python(self, value: Any) -> int | None:
         text = super().to_python(value)
         if not text:
             return None
@@ -81,7 +81,7 @@ class PairRowForm(forms.Form):
     check: Any = None  # set by the formset: validates one [key, value] pair
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data: dict[str, Any] = super().clean()
         key, value = data.get("key", "").strip(), data.get("value", "").strip()
         data["key"], data["value"] = key, value
         if not key and value:
@@ -99,13 +99,13 @@ class BasePairFormSet(forms.BaseFormSet):
 
     def _construct_form(self, i: int, **kwargs: Any) -> forms.Form:
         form = super()._construct_form(i, **kwargs)
-        form.check = self.check  # type: ignore[attr-defined]
+        form.check = self.check
         return form
 
     def clean(self) -> None:
-        seen: set[str] = set()
+        seen: set[str | None] = set()
         for form in self.forms:
-            key = getattr(form, "cleaned_data", {}).get("key")
+            key: str | None = getattr(form, "cleaned_data", {}).get("key")
             if key and key in seen:
                 form.add_error("key", f"{key} is given twice.")
             seen.add(key)
@@ -130,7 +130,7 @@ def pair_formset(
 ) -> BasePairFormSet:
     """Rows of ``key = value``; option rows are checked against ``catalogue`` (the options of
     the program that runs the preset; default b11434's)."""
-    formset = PairFormSet(
+    formset: BasePairFormSet = PairFormSet(
         data=data, prefix=prefix, initial=[{"key": k, "value": v} for k, v in pairs]
     )
     if prefix == "args":
@@ -232,13 +232,13 @@ class SettingsForm(forms.ModelForm):
         return self.cleaned_data.get("memory_headroom") or 0
 
     def clean_settle_timeout(self) -> int:
-        value = self.cleaned_data["settle_timeout"]
+        value: int = self.cleaned_data["settle_timeout"]
         if value > self.MAX_SETTLE:
             raise ValidationError(f"At most {self.MAX_SETTLE} seconds.")
         return value
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data: dict[str, Any] = super().clean()
         models_max = data.get("models_max")
         startup = Preset.objects.filter(enabled=True, load_on_startup=True).count()
         if models_max and startup > models_max:
@@ -267,7 +267,7 @@ def _largest_estimate() -> tuple[str, int] | None:
         for p in Preset.objects.filter(enabled=True)
         if p.memory_estimate or p.gguf_estimate
     ]
-    return max(found, key=lambda item: item[1], default=None)  # type: ignore[arg-type, return-value]
+    return max(found, key=lambda item: item[1], default=None)
 
 
 # ---- INI import -------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ class ImportForm(forms.Form):
     )
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data: dict[str, Any] = super().clean()
         upload = data.get("file")
         if upload is not None:
             if upload.size > MAX_INI_BYTES:
@@ -315,7 +315,7 @@ class AuditFilterForm(forms.Form):
     )
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data: dict[str, Any] = super().clean()
         since, until = data.get("since"), data.get("until")
         if since and until and since > until:
             self.add_error("until", "The end is before the start.")
@@ -339,7 +339,7 @@ class ApiKeyForm(forms.Form):
             del self.fields["owner"]
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data: dict[str, Any] = super().clean()
         owner = data.get("owner") or self.user
         data["owner"] = owner
         name = data.get("name")
@@ -363,14 +363,14 @@ class NewUserForm(forms.Form):
     role = forms.ChoiceField(choices=ROLE_CHOICES, initial="viewer")
 
     def clean_username(self) -> str:
-        name = self.cleaned_data["username"]
+        name: str = self.cleaned_data["username"]
         users = get_user_model()
         if users.objects.filter(username=name).exists():
             raise ValidationError("That user name is taken.")
         return name
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data: dict[str, Any] = super().clean()
         if data.get("password"):
             user = get_user_model()(username=data.get("username", ""))
             try:

@@ -24,7 +24,7 @@ from typing import Any
 
 from routerpanel.router.catalogue import Event
 from routerpanel.router.decisions import StopReason
-from routerpanel.router.engine import EngineEvent
+from routerpanel.router.feed import EngineEvent
 from routerpanel.router.states import ModelState
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
@@ -180,10 +180,10 @@ class RouterMetrics:
         models = [m["name"] for m in snapshot.get("models") or []]
         out = [self._counter(name, models) for name in COUNTERS]
         out.append(self._load_histogram(models))
-        waits = {(): self.queue_wait}
+        waits: dict[Labels, Histogram] = {(): self.queue_wait}
         out.append(_histogram("queue_wait_seconds", "Time queue entries waited.", waits))
         out.extend(gauges(snapshot, self._clock()))
-        seen = [("", {}, float(self.events))]
+        seen: list[tuple[str, dict[str, str], float]] = [("", {}, float(self.events))]
         out.append(Family("router_events_total", "counter", "Engine events seen.", seen))
         return [family.as_json() for family in out]
 

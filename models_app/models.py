@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -20,6 +20,21 @@ from django.db import models
 from django.utils import timezone
 
 from routerpanel.router import ini, options, presets
+
+if TYPE_CHECKING:
+    from enum import StrEnum
+
+    class TextChoices(StrEnum):
+        """What Django's ``models.TextChoices`` is at run time, told to mypy (Django has no
+        types here): a str enum whose members are ``VALUE = "value", "label"``."""
+
+        choices: ClassVar[list[tuple[str, str]]]
+
+        @property
+        def label(self) -> str: ...
+
+else:
+    TextChoices = models.TextChoices
 
 PAIR_RESERVED_KEYS = frozenset(presets.LLAMA_ROUTER_KEYS + presets.ROUTERPANEL_KEYS)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -113,7 +128,7 @@ def validate_server_bin(value: str) -> None:
         raise ValidationError(str(exc), code="invalid") from None
 
 
-class PresetSource(models.TextChoices):
+class PresetSource(TextChoices):
     """Where a preset came from; a reload removes presets whose source no longer names them."""
 
     PANEL = "panel", "made in the panel"
@@ -210,7 +225,7 @@ class Preset(models.Model):
         ordering = ["name"]
 
     def __str__(self) -> str:
-        return self.name
+        return str(self.name)
 
     def clean(self) -> None:
         from models_app import server_options
@@ -358,6 +373,7 @@ class RouterSettings(models.Model):
 
     @classmethod
     def load(cls) -> RouterSettings:
+        row: RouterSettings
         row, _ = cls.objects.get_or_create(
             pk=1,
             defaults={
@@ -417,7 +433,8 @@ def hash_api_key(key: str) -> str:
 
 class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
     def active(self) -> ApiKeyQuerySet:
-        return self.filter(revoked_at__isnull=True)
+        active: ApiKeyQuerySet = self.filter(revoked_at__isnull=True)
+        return active
 
     def issue(self, owner: Any, name: str) -> tuple[ApiKey, str]:
         """Create a key for ``owner``; return it with the secret, which is never stored."""
@@ -450,7 +467,8 @@ class ApiKey(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
 
-    objects = ApiKeyQuerySet.as_manager()
+    # Typed as its queryset: the manager as_manager() makes has the queryset's methods.
+    objects: ClassVar[ApiKeyQuerySet] = ApiKeyQuerySet.as_manager()
 
     class Meta:
         verbose_name = "API key"
@@ -491,7 +509,7 @@ class ApiKey(models.Model):
             self.save(update_fields=["revoked_at"])
 
 
-class AuditKind(models.TextChoices):
+class AuditKind(TextChoices):
     LOAD_REQUESTED = "load_requested", "load requested"
     LOADING = "loading", "loading"
     READY = "ready", "ready"
@@ -527,7 +545,8 @@ class AuditKind(models.TextChoices):
 class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
     def record(self, kind: str, **fields: Any) -> AuditEvent:
         """Append one row: the only way rows are written (STYLE 12)."""
-        return self.create(kind=kind, **fields)
+        row: AuditEvent = self.create(kind=kind, **fields)
+        return row
 
     def record_many(self, rows: list[AuditEvent]) -> int:
         """Append a batch; rows already stored (same router boot and seq) are skipped, so a
@@ -537,6 +556,7 @@ class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
 
     def purge_older_than(self, cutoff: Any, *, actor: str = "retention") -> int:
         """Delete rows older than ``cutoff`` — the only deletion path — and audit that it ran."""
+        deleted: int
         deleted, _ = self.filter(time__lt=cutoff).delete()
         self.record(
             AuditKind.RETENTION,
@@ -583,7 +603,7 @@ class AuditEvent(models.Model):
     router_id = models.CharField(max_length=64, blank=True)
     seq = models.BigIntegerField(null=True, blank=True)
 
-    objects = AuditEventQuerySet.as_manager()
+    objects: ClassVar[AuditEventQuerySet] = AuditEventQuerySet.as_manager()  # as ApiKey.objects
 
     class Meta:
         ordering = ["-time", "-id"]
@@ -610,6 +630,7 @@ class AuditEvent(models.Model):
 
 class MemoryRollupQuerySet(models.QuerySet["MemoryRollup"]):
     def purge_older_than(self, cutoff: Any) -> int:
+        deleted: int
         deleted, _ = self.filter(minute__lt=cutoff).delete()
         return deleted
 
@@ -643,7 +664,7 @@ class MemoryRollup(models.Model):
     swap_used_avg = models.BigIntegerField(null=True, blank=True)
     swap_used_max = models.BigIntegerField(null=True, blank=True)
 
-    objects = MemoryRollupQuerySet.as_manager()
+    objects: ClassVar[MemoryRollupQuerySet] = MemoryRollupQuerySet.as_manager()  # as ApiKey's
 
     class Meta:
         ordering = ["minute", "scope", "model"]

@@ -64,9 +64,9 @@ def role_of(user: AbstractBaseUser | AnonymousUser | None) -> Role:
     if getattr(user, "is_superuser", False):
         role = Role.ADMIN
     else:
-        names = user.groups.values_list("name", flat=True)  # type: ignore[union-attr]
+        names = user.groups.values_list("name", flat=True)
         role = max((GROUPS[n] for n in names if n in GROUPS), default=Role.NONE)
-    user._panel_role = int(role)  # type: ignore[union-attr]
+    user._panel_role = int(role)
     return role
 
 

@@ -58,7 +58,7 @@ def is_secure(scheme: str, headers: Mapping[bytes, bytes]) -> bool:
     With ``SECURE_PROXY_SSL_HEADER`` set and the header present, the header decides (its first
     comma-separated value must equal the secure value); otherwise the server's own scheme does.
     """
-    proxy_header = settings.SECURE_PROXY_SSL_HEADER
+    proxy_header: tuple[str, str] | None = settings.SECURE_PROXY_SSL_HEADER
     if proxy_header:
         meta_name, secure_value = proxy_header
         name = meta_name.removeprefix("HTTP_").lower().replace("_", "-").encode()

@@ -220,6 +220,7 @@ def unlock(kind: str, value: str, actor: str) -> int:
     """Clear a lockout (and the failures behind it); audit it; return the attempts removed."""
     from axes.utils import reset
 
+    removed: int
     if kind == "user":
         removed = reset(username=value)
         what = f"user name {value}"

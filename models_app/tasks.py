@@ -112,7 +112,8 @@ def inspect_preset(preset_id: int) -> dict[str, Any] | None:
     stored = RouterSettings.objects.filter(pk=1).values_list("global_args", flat=True).first()
     n_ctx, n_parallel = context_size(preset, stored or [])
     if _unchanged(preset, n_ctx, n_parallel):
-        return preset.gguf_facts
+        unchanged: dict[str, Any] = preset.gguf_facts
+        return unchanged
     facts, estimate = inspect_file(preset.model_path, n_ctx, n_parallel)
     # update(), not save(): no post_save, so no new inspection and no audit row for our own write
     Preset.objects.filter(pk=preset_id).update(gguf_facts=facts, gguf_estimate=estimate)
@@ -126,6 +127,8 @@ def _unchanged(preset: Preset, n_ctx: int, n_parallel: int) -> bool:
 
 
 def _inputs(path: str, n_ctx: int, n_parallel: int) -> dict[str, Any]:
+    size: int | None
+    mtime: float | None
     try:
         stat = os.stat(path)
         size, mtime = stat.st_size, stat.st_mtime

@@ -29,7 +29,9 @@ from models_app import bridge, liveness, specs
 from models_app.audit_writer import AuditWriter, new_router_id
 from models_app.metrics import RouterMetrics
 from routerpanel.router.catalogue import Event
-from routerpanel.router.engine import Engine, EngineEvent, RouterError, Subscription
+from routerpanel.router.engine import Engine
+from routerpanel.router.errors import RouterError
+from routerpanel.router.feed import EngineEvent, Subscription
 
 log = logging.getLogger(__name__)
 
@@ -391,7 +393,7 @@ class RouterHost:
         self.engine.note(Event.MESSAGE_EXPIRED, {"counts": counts, "total": total})
 
 
-class RouterConsumer(AsyncConsumer):
+class RouterConsumer(AsyncConsumer):  # type: ignore[misc]  # Channels has no types
     """The consumer of channel ``router``: forwards each message to the running host."""
 
     async def dispatch(self, message: dict[str, Any]) -> None:

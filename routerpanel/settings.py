@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from celery.schedules import crontab
@@ -92,7 +93,9 @@ TEMPLATES = [
 # the data dir.
 DATABASE_URL = envstr("DATABASE_URL")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    DATABASES: dict[str, dict[str, Any]] = {
+        "default": dict(dj_database_url.parse(DATABASE_URL, conn_max_age=60))
+    }
 else:
     DATABASES = {
         "default": {

@@ -204,7 +204,8 @@ async def stream_back(
 
 
 def is_event_stream(response: httpx.Response) -> bool:
-    return response.headers.get("content-type", "").startswith("text/event-stream")
+    content_type: str = response.headers.get("content-type", "")
+    return content_type.startswith("text/event-stream")
 
 
 def content_length(response: httpx.Response) -> int | None:

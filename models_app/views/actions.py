@@ -71,7 +71,7 @@ def set_pinned(name: str, pinned: bool, actor: str, user_id: int | None) -> str 
             return f"there is no preset named {name!r}"
         before = audit.preset_state(preset)
         preset.pinned = pinned or _unpinned(preset)
-        preset.updated_by_id = user_id  # type: ignore[attr-defined]
+        preset.updated_by_id = user_id
         preset.save(update_fields=["pinned", "updated_at", "updated_by"])
         audit.record_preset_change(before, preset, actor)
     return None

@@ -48,7 +48,7 @@ def _save_settings(request: HttpRequest, form: SettingsForm) -> HttpResponse:
     with transaction.atomic():
         before = audit.settings_state(RouterSettings.objects.select_for_update().get(pk=1))
         row = form.save(commit=False)
-        row.updated_by = request.user  # type: ignore[assignment]
+        row.updated_by = request.user
         row.save()
         changed = audit.record_settings_change(before, row, actor)
     if changed is None:
@@ -116,7 +116,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
 @require(Role.VIEWER)
 def api_key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     key = get_object_or_404(ApiKey, pk=pk)
-    if key.owner_id != request.user.pk and role_of(request.user) < Role.ADMIN:  # type: ignore[attr-defined]
+    if key.owner_id != request.user.pk and role_of(request.user) < Role.ADMIN:
         return forbidden(request, Role.ADMIN)
     key.revoke()
     messages.success(request, f"Revoked {key}.")

@@ -120,12 +120,13 @@ def model_action(request: HttpRequest) -> HttpResponse:
 
 
 def _next(request: HttpRequest, default: str) -> str:
-    target = request.POST.get("next") or ""
+    target: str = request.POST.get("next") or ""
     if target and url_has_allowed_host_and_scheme(target, {request.get_host()}):
         return target
     from django.urls import reverse
 
-    return reverse(default)
+    url: str = reverse(default)
+    return url
 
 
 @require_GET

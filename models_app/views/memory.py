@@ -40,9 +40,10 @@ def columns(samples: list[dict[str, Any]]) -> dict[str, Any]:
 def rollup_model() -> type[models.Model] | None:
     """``MemoryRollup`` if this build has it (it arrived with issue 4's jobs)."""
     try:
-        return apps.get_model("models_app", "MemoryRollup")
+        model: type[models.Model] = apps.get_model("models_app", "MemoryRollup")
     except LookupError:
         return None
+    return model
 
 
 def rollups(range_name: str) -> dict[str, Any]:
@@ -56,7 +57,7 @@ def rollups(range_name: str) -> dict[str, Any]:
     span, bucket = RANGES[range_name]
     fields = ("minute", "scope", "model", "used_avg", "used_max", "available_avg", "swap_used_avg")
     since = timezone.now() - span
-    rows = model.objects.filter(minute__gte=since).order_by("minute").values_list(*fields)  # type: ignore[attr-defined]
+    rows = model.objects.filter(minute__gte=since).order_by("minute").values_list(*fields)
     out = _bucketed(rows, bucket)
     if not out["time"]:
         reason = "no rollups yet (the memory-rollup job folds the router's ring every minute)"

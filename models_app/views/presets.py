@@ -122,7 +122,7 @@ def _save(request: HttpRequest, form: PresetForm, before: dict[str, Any] | None)
     actor = audit.actor_of(request.user)
     with transaction.atomic():
         preset = form.save(commit=False)
-        preset.updated_by = request.user  # type: ignore[assignment]
+        preset.updated_by = request.user
         preset.save()  # tasks.preset_saved reads the GGUF facts and estimate after the commit
         audit.record_preset_change(before, preset, actor)
     answer = common.ask_router("reload", common.ACTION_WAIT, actor=actor)

@@ -38,7 +38,7 @@ LINGER = 5.0  # seconds an answered connection keeps draining the client's uploa
 REASONS = {408: b"Request Timeout", 413: b"Content Too Large"}
 
 
-class RouterPanelServer(Server):  # type: ignore[misc]
+class RouterPanelServer(Server):
     """Daphne's ``Server``, guarding each request's body (see the module doc).
 
     It also turns off Twisted's POST form parsing: for each POST with a body, Twisted parses
@@ -94,9 +94,12 @@ class BodyGuard:
         self._received: Callable[[bytes, bytes, bytes], Any] = request.requestReceived
 
     def install(self) -> None:
-        self.request.gotLength = self.got_length
-        self.request.requestReceived = self.request_received
-        self._timer = reactor.callLater(self.timeout, self.timed_out)  # type: ignore[attr-defined]
+        # Replacing the request's methods is the point (see the class doc). Twisted declares the
+        # reactor's and the transport's methods on zope interfaces, whose methods have no `self`:
+        # without the mypy-zope plugin, mypy takes their first argument for it (arg-type, call-arg).
+        self.request.gotLength = self.got_length  # type: ignore[method-assign]
+        self.request.requestReceived = self.request_received  # type: ignore[method-assign]
+        self._timer = reactor.callLater(self.timeout, self.timed_out)  # type: ignore[arg-type]
 
     # ---- Twisted's calls ----------------------------------------------------------------------
 
@@ -137,9 +140,10 @@ class BodyGuard:
             return
         # Twisted would answer "Expect: 100-continue" after gotLength returns: not any more.
         self.request.requestHeaders.removeHeader(b"expect")
-        channel.transport.write(self._response(status, message))
-        channel.dataReceived = _drop  # what the client still sends is read and dropped
-        reactor.callLater(LINGER, self._close)  # type: ignore[attr-defined]
+        channel.transport.write(self._response(status, message))  # type: ignore[call-arg, misc]
+        # What the client still sends is read and dropped.
+        channel.dataReceived = _drop  # type: ignore[method-assign]
+        reactor.callLater(LINGER, self._close)  # type: ignore[arg-type]  # see install()
 
     def _response(self, status: int, message: str) -> bytes:
         raw_path = getattr(self.request.channel, "_path", b"")  # the request line's target
@@ -161,7 +165,7 @@ class BodyGuard:
     def _close(self) -> None:
         channel = self.request.channel
         if channel is not None and not self.request._disconnected:
-            channel.loseConnection()
+            channel.loseConnection()  # type: ignore[no-untyped-call]  # Twisted left it untyped
 
     def _stop_timer(self) -> None:
         if self._timer is not None and self._timer.active():

@@ -105,6 +105,6 @@ def _default_program() -> str:
         return str(settings.ROUTERPANEL["SERVER_BIN"])  # the first start; a query would create it
     try:
         stored = RouterSettings.objects.filter(pk=1).values_list("server_binary", flat=True)
-        return stored.first() or settings.ROUTERPANEL["SERVER_BIN"]
+        return str(stored.first() or settings.ROUTERPANEL["SERVER_BIN"])
     except DatabaseError:  # no database yet: the first start
         return str(settings.ROUTERPANEL["SERVER_BIN"])

@@ -138,9 +138,13 @@ class Command(BaseCommand):
         router: EmbeddedRouter | None = None
         if not options["no_router"]:
             router = EmbeddedRouter(self, options)
-            reactor.callWhenRunning(router.start)  # type: ignore[attr-defined]
-            reactor.addSystemEventTrigger(  # type: ignore[attr-defined]
-                "before", "shutdown", lambda: defer.Deferred.fromFuture(router.stop())
+            reactor.callWhenRunning(router.start)
+            # Twisted declares the reactor's methods on zope interfaces, without `self`: lacking
+            # the mypy-zope plugin, mypy takes the first argument for it.
+            reactor.addSystemEventTrigger(
+                "before",
+                "shutdown",  # type: ignore[arg-type]
+                lambda: defer.Deferred.fromFuture(router.stop()),
             )
         else:
             raise_open_files_limit()
@@ -196,7 +200,7 @@ class EmbeddedRouter:
         from twisted.internet import error, reactor
 
         with contextlib.suppress(error.ReactorNotRunning):
-            reactor.stop()  # type: ignore[attr-defined]
+            reactor.stop()  # type: ignore[misc]  # a zope interface method (see _run)
 
     def stop(self) -> asyncio.Future[Any]:
         return asyncio.ensure_future(self.process.stop())
