@@ -1,8 +1,9 @@
 """The web side's one way to the router, and the channel protocol (DESIGN §5, §10, STYLE 13).
 
-This is the ONLY module that knows channel and group names and message shapes. The web side
-(HTTP views, SSE, WebSocket consumers, tasks) uses ``RouterClient``; the router worker
-(worker.py) answers the ``router.*`` messages, one handler per type, named after it.
+This is the ONLY module that knows channel and group names; the messages' shapes are in
+messages.py, one TypedDict each. The web side (HTTP views, SSE, WebSocket consumers, tasks) uses
+``RouterClient``; the router worker (worker.py) answers the ``router.*`` messages, one handler
+per type, named after it.
 
 Two ways to the router, one API:
 
@@ -24,15 +25,18 @@ Two ways to the router, one API:
   a lost answer costs seconds, not the request. Anything the layer refuses (Redis away) is a 503
   ``router unavailable`` with Retry-After.
 
-Messages (web → router, channel ``router``); every one has ``sent``, ``expires`` and ``boot``::
+Messages (web → router, channel ``router``); every one has ``sent`` and ``expires``, and every
+one that wants an answer ``request_id``, ``reply_channel`` and ``boot``::
 
-    router.acquire  {request_id, model, reply_channel, actor, autoload}
-    router.waiting  {request_id, reply_channel}  (still queued? answered queued/granted/rejected)
+    router.acquire  {model, actor, autoload}
+    router.waiting  {model}         (still queued? answered queued/granted/rejected)
     router.renew    {lease_id, idle}            (idle: seconds since the last byte went out)
     router.release  {lease_id}
     router.cancel   {request_id}
-    router.load / unload / cancel_queued / reload / snapshot / settings / lease
-                    {request_id, reply_channel, ...}      (see RouterHost.call for each)
+    router.load {model, actor}          router.unload {model, actor}
+    router.cancel_queued {actor, model | queued_request}
+    router.reload {actor, sources?}     router.settings {actor}     router.lease {lease_id}
+    router.snapshot   router.ready   router.memory   router.metrics   router.logs {model}
 
 Answers (router → reply channel); each carries the router's ``boot`` id::
 
@@ -40,7 +44,7 @@ Answers (router → reply channel); each carries the router's ``boot`` id::
     router.granted  {request_id, lease_id, model, port, lease_ttl}
     router.rejected {request_id, status, error: {code, message, type}, retry_after}
     router.accepted {request_id}                      (a call is under way; result follows)
-    router.result   {request_id, ok, status, body}
+    router.result   {request_id, ok, status, body}    (body: the call's answer, messages.py)
 
 Events (router → group ``router.events``)::
 
@@ -54,13 +58,44 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from channels.layers import BaseChannelLayer, get_channel_layer
 
+from models_app.messages import (
+    AcceptedMessage,
+    AcquireAnswer,
+    AcquireMessage,
+    Addressed,
+    AnswerBody,
+    Call,
+    CallAnswer,
+    CancelledAnswer,
+    CancelMessage,
+    ErrorBody,
+    EventMessage,
+    EventPayload,
+    GrantedMessage,
+    LeaseAnswer,
+    MemoryAnswer,
+    MetricsAnswer,
+    QueuedMessage,
+    ReadyAnswer,
+    RejectedMessage,
+    ReleaseMessage,
+    ReloadAnswer,
+    RenewMessage,
+    ResultMessage,
+    SnapshotAnswer,
+    Stamped,
+    SuccessAnswer,
+    WaitingMessage,
+)
+
 if TYPE_CHECKING:
+    from models_app.liveness import RouterWatch
     from routerpanel.router.engine import Engine
     from routerpanel.router.errors import RouterError
 
@@ -78,62 +113,8 @@ QUIET_EXPIRY = 60.0  # renew / release / cancel: no answer awaited; stale after 
 RETRY_AFTER = 5
 
 
-class ErrorBody(TypedDict):
-    code: int
-    message: str
-    type: str
-
-
-class AcquireMessage(TypedDict):
-    type: Literal["router.acquire"]
-    request_id: str
-    model: str
-    reply_channel: str
-    actor: str
-    autoload: bool
-    sent: float
-    expires: float
-    boot: str | None
-
-
-class QueuedMessage(TypedDict):
-    type: Literal["router.queued"]
-    request_id: str
-    position: int
-    boot: str
-
-
-class GrantedMessage(TypedDict):
-    type: Literal["router.granted"]
-    request_id: str
-    lease_id: str
-    model: str
-    port: int
-    lease_ttl: float
-    boot: str
-
-
-class RejectedMessage(TypedDict):
-    type: Literal["router.rejected"]
-    request_id: str
-    status: int
-    error: ErrorBody
-    retry_after: float | None
-    boot: str
-
-
-class ResultMessage(TypedDict):
-    type: Literal["router.result"]
-    request_id: str
-    ok: bool
-    status: int
-    body: dict[str, Any]
-    boot: str
-
-
-class EventMessage(TypedDict):
-    type: Literal["router.event"]
-    event: dict[str, Any]
+# An answer on a reply channel: to an acquire (or waiting), or to a call.
+Reply = AcquireAnswer | CallAnswer
 
 
 def error_body(status: int, message: str, error_type: str) -> ErrorBody:
@@ -189,7 +170,7 @@ class LocalRouter(Protocol):
     boot: str
     loop: asyncio.AbstractEventLoop | None
 
-    async def call(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]: ...
+    async def call(self, call: Call) -> AnswerBody: ...
 
 
 _local: LocalRouter | None = None
@@ -273,35 +254,32 @@ class RouterClient:
             raise router_unavailable(why)  # known dead: do not even queue a message
         wait = self._first_wait(watch)
         reply = await self._new_channel()
-        sent, boot = time.time(), (watch.boot if watch is not None else None)
+        envelope = _addressed(request_id, reply, watch, wait)
         message: AcquireMessage = {
             "type": "router.acquire",
-            "request_id": request_id,
             "model": model,
-            "reply_channel": reply,
             "actor": actor,
             "autoload": autoload,
-            "sent": sent,
-            "expires": sent + wait - EXPIRY_MARGIN,
-            "boot": boot,
+            **envelope,
         }
         await self._send(message)
         try:
-            answer = await self._first_answer(reply, wait, boot)
+            answer = await self._first_answer(reply, wait, envelope["boot"])
             while answer["type"] == "router.queued":  # no deadline but the router's life
-                answer = await self._while_queued(reply, request_id, answer.get("boot"), watch)
+                answer = await self._while_queued(reply, request_id, model, answer["boot"], watch)
         except (asyncio.CancelledError, RouterRejected):
-            await self._send_quietly({"type": "router.cancel", "request_id": request_id})
+            cancel: CancelMessage = {"type": "router.cancel", "request_id": request_id, **_quiet()}
+            await self._send_quietly(cancel)
             raise
         return self._grant_or_raise(answer)
 
-    def _first_wait(self, watch: Any) -> float:
+    def _first_wait(self, watch: RouterWatch | None) -> float:
         """The first answer's deadline: the heartbeat tells life in team mode, not a timeout."""
         return self.timeout if watch is None else max(self.timeout, FIRST_ANSWER_CAP)
 
     async def _while_queued(
-        self, reply: str, request_id: str, boot: str | None, watch: Any
-    ) -> dict[str, Any]:
+        self, reply: str, request_id: str, model: str, boot: str | None, watch: RouterWatch | None
+    ) -> Reply:
         """The next answer for a queued request; ask again after QUEUED_RECHECK of silence."""
         if watch is None:
             return await self._receive(reply)
@@ -310,13 +288,22 @@ class RouterClient:
                 async with asyncio.timeout(QUEUED_RECHECK):
                     return await self._until_router_gone(self._receive(reply), boot)
             except TimeoutError:
-                recheck = {"type": "router.waiting", "request_id": request_id,
-                           "reply_channel": reply, **_stamp(watch, QUEUED_RECHECK)}  # fmt: skip
+                recheck: WaitingMessage = {
+                    "type": "router.waiting",
+                    "model": model,
+                    **_addressed(request_id, reply, watch, QUEUED_RECHECK),
+                }
                 await self._send(recheck)
 
     async def renew(self, lease_id: str, idle: float | None = None) -> None:
         """Keep a remote lease alive; ``idle``: seconds since the last byte went out."""
-        await self._send_quietly({"type": "router.renew", "lease_id": lease_id, "idle": idle})
+        message: RenewMessage = {
+            "type": "router.renew",
+            "lease_id": lease_id,
+            "idle": idle,
+            **_quiet(),
+        }
+        await self._send_quietly(message)
 
     def progress(self, grant: Grant) -> None:
         """A byte of the answer went out now (in process: straight into the watchdog)."""
@@ -330,7 +317,8 @@ class RouterClient:
         if host is not None and host.engine is not None:
             host.engine.release(lease_id)
             return
-        await self._send_quietly({"type": "router.release", "lease_id": lease_id})
+        message: ReleaseMessage = {"type": "router.release", "lease_id": lease_id, **_quiet()}
+        await self._send_quietly(message)
 
     async def why_ended(self, grant: Grant) -> RouterRejected | None:
         """Ask why the router ended this lease (its child was killed as hung), or None.
@@ -339,10 +327,12 @@ class RouterClient:
         """
         host = self._in_process()
         if host is not None and host.engine is not None:
-            error = host.engine.why_ended(grant.lease_id)
-            return None if error is None else RouterRejected.from_error(error)
+            ended = host.engine.why_ended(grant.lease_id)
+            return None if ended is None else RouterRejected.from_error(ended)
         try:
-            body = await self.call("lease", lease_id=grant.lease_id)
+            body: LeaseAnswer = await self._call(
+                {"type": "router.lease", "lease_id": grant.lease_id}
+            )
         except RouterRejected:
             return None
         error = body.get("error")
@@ -354,55 +344,98 @@ class RouterClient:
 
     # ---- calls ----------------------------------------------------------------------------
 
-    async def call(self, kind: str, **payload: Any) -> dict[str, Any]:
-        """Ask the router something (``load``, ``unload``, ``reload``, ``snapshot``, …).
+    async def call(self, call: Call) -> Mapping[str, Any]:
+        """Ask the router something (a ``messages.Call``); return the answer's body.
 
-        Returns the answer's body; raises ``RouterRejected`` when it says no and
-        ``router unavailable`` when it does not answer in time.
+        Raises ``RouterRejected`` when it says no and ``router unavailable`` when it does not
+        answer in time. The methods below are the same calls, typed with their answers.
         """
+        body: Mapping[str, Any] = await self._call(call)
+        return body
+
+    async def load(self, model: str, *, actor: str) -> SuccessAnswer:
+        call: Call = {"type": "router.load", "model": model, "actor": actor}
+        body: SuccessAnswer = await self._call(call)
+        return body
+
+    async def unload(self, model: str, *, actor: str) -> SuccessAnswer:
+        call: Call = {"type": "router.unload", "model": model, "actor": actor}
+        body: SuccessAnswer = await self._call(call)
+        return body
+
+    async def cancel_queued(
+        self, *, actor: str, model: str | None = None, queued_request: str | None = None
+    ) -> CancelledAnswer:
+        """Reject the requests queued for ``model``, or the one queued as ``queued_request``."""
+        if model:
+            call: Call = {"type": "router.cancel_queued", "actor": actor, "model": model}
+        else:
+            request = queued_request or ""
+            call = {"type": "router.cancel_queued", "actor": actor, "queued_request": request}
+        body: CancelledAnswer = await self._call(call)
+        return body
+
+    async def reload(self, *, actor: str, sources: bool = False) -> ReloadAnswer:
+        call: Call = {"type": "router.reload", "actor": actor, "sources": sources}
+        body: ReloadAnswer = await self._call(call)
+        return body
+
+    async def snapshot(self) -> SnapshotAnswer:
+        body: SnapshotAnswer = await self._call({"type": "router.snapshot"})
+        return body
+
+    async def ready(self) -> ReadyAnswer:
+        body: ReadyAnswer = await self._call({"type": "router.ready"})
+        return body
+
+    async def memory(self) -> MemoryAnswer:
+        body: MemoryAnswer = await self._call({"type": "router.memory"})
+        return body
+
+    async def metrics(self) -> MetricsAnswer:
+        body: MetricsAnswer = await self._call({"type": "router.metrics"})
+        return body
+
+    async def _call(self, call: Call) -> Any:
+        """The body of ``call``'s answer, of the type messages.py gives for that call (Any here:
+        it crossed the channel layer, which Channels leaves untyped)."""
         host = self._in_process()
         if host is not None:
-            return await self._call_local(host, kind, payload)
-        return await self._call_remote(kind, payload)
+            return await self._call_local(host, call)
+        return await self._call_remote(call)
 
-    async def _call_local(
-        self, host: LocalRouter, kind: str, payload: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def _call_local(self, host: LocalRouter, call: Call) -> AnswerBody:
         from routerpanel.router.errors import RouterError
 
         try:
-            return await _on_loop(host, host.call(kind, payload))
+            return await _on_loop(host, host.call(call))
         except RouterError as exc:
             raise RouterRejected.from_error(exc) from None
 
-    async def _call_remote(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _call_remote(self, call: Call) -> Mapping[str, Any]:
         watch = _watch()
         if watch is not None and (why := watch.lost(None)) is not None:
             raise router_unavailable(why)
         wait = self.timeout  # calls are short and pages wait for them: no burst allowance
-        request_id = uuid.uuid4().hex
         reply = await self._new_channel()
-        message = {
-            "type": f"router.{kind}",
-            "request_id": request_id,
-            "reply_channel": reply,
-            **_stamp(watch, wait),
-            **payload,
-        }
+        envelope = _addressed(uuid.uuid4().hex, reply, watch, wait)
+        message: dict[str, Any] = {**call, **envelope}  # a Call, Addressed (messages.py)
         await self._send(message)
-        answer = await self._first_answer(reply, wait, message.get("boot"))
+        answer = await self._first_answer(reply, wait, envelope["boot"])
         if answer["type"] == "router.accepted":
             try:
                 async with asyncio.timeout(CALL_TIMEOUT):
-                    answer = await self._until_router_gone(self._receive(reply), answer.get("boot"))
+                    answer = await self._until_router_gone(self._receive(reply), answer["boot"])
             except TimeoutError:
                 raise router_unavailable() from None
-        body: dict[str, Any] = answer["body"]
+        if answer["type"] != "router.result":  # an acquire's answer to a call: never sent
+            raise router_unavailable()
+        body = answer["body"]
         if not answer["ok"]:
             raise RouterRejected(answer["status"], body["error"], body.get("retry_after"))
         return body
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
+    async def events(self) -> AsyncIterator[EventPayload]:
         """Yield router events (``{seq, type, time, data}``) until the caller stops iterating."""
         host = self._in_process()
         if host is not None and host.engine is not None:
@@ -428,18 +461,19 @@ class RouterClient:
 
     async def _first_answer(
         self, reply: str, wait: float | None = None, boot: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Reply:
         try:  # not wait_for: on Python 3.11 that makes a task per call (every acquire)
             async with asyncio.timeout(wait or self.timeout):
                 return await self._until_router_gone(self._receive(reply), boot)
         except TimeoutError:
             raise router_unavailable() from None
 
-    async def _receive(self, reply: str) -> dict[str, Any]:
+    async def _receive(self, reply: str) -> Reply:
         """The next answer on ``reply``; a layer's reconnect notice (layers.py) is no answer."""
         while True:
-            answer: dict[str, Any] = await self.layer.receive(reply)
-            if answer.get("type") != "layer.reconnected":
+            message = await self.layer.receive(reply)
+            if message.get("type") != "layer.reconnected":
+                answer: Reply = message  # the router sends nothing else to a reply channel
                 return answer
 
     async def _until_router_gone(self, wait: Awaitable[T], boot: str | None) -> T:
@@ -466,7 +500,7 @@ class RouterClient:
         except Exception as exc:
             raise router_unavailable() from exc
 
-    async def _send(self, message: Any) -> None:
+    async def _send(self, message: Mapping[str, Any]) -> None:
         """Send to the router; a layer that refuses (Redis away, full) is a 503, never a 500."""
         try:
             await self.layer.send(ROUTER_CHANNEL, message)
@@ -474,16 +508,14 @@ class RouterClient:
             log.warning("could not send %s to the router: %s", message["type"], exc)
             raise router_unavailable() from exc
 
-    async def _send_quietly(self, message: dict[str, Any]) -> None:
-        message.setdefault("sent", time.time())
-        message.setdefault("expires", time.time() + QUIET_EXPIRY)
+    async def _send_quietly(self, message: RenewMessage | ReleaseMessage | CancelMessage) -> None:
         try:
             await self.layer.send(ROUTER_CHANNEL, message)
         except Exception:  # a full or unreachable layer must not turn a release into a 500
             log.warning("could not send %s", message["type"], exc_info=True)
 
     @staticmethod
-    def _grant_or_raise(answer: dict[str, Any]) -> Grant:
+    def _grant_or_raise(answer: Reply) -> Grant:
         if answer["type"] == "router.granted":
             return Grant(
                 answer["request_id"],
@@ -493,18 +525,33 @@ class RouterClient:
                 float(answer["lease_ttl"]),
                 answer.get("boot", ""),
             )
-        raise RouterRejected(answer["status"], answer["error"], answer.get("retry_after"))
+        if answer["type"] == "router.rejected":
+            raise RouterRejected(answer["status"], answer["error"], answer.get("retry_after"))
+        raise router_unavailable()  # a call's answer to an acquire: it was refused unread
 
 
-def _stamp(watch: Any, wait: float) -> dict[str, Any]:
-    """A message's deadline fields: when it was sent, when its sender stops waiting, and the
-    router boot the sender believes alive (the router drops it when any says "stale")."""
+def _addressed(request_id: str, reply: str, watch: RouterWatch | None, wait: float) -> Addressed:
+    """A message's return address and deadline fields: when it was sent, when its sender stops
+    waiting, and the router boot the sender believes alive (the router drops it when any says
+    "stale")."""
     sent = time.time()
     boot = watch.boot if watch is not None else None
-    return {"sent": sent, "expires": sent + wait - EXPIRY_MARGIN, "boot": boot}
+    return {
+        "request_id": request_id,
+        "reply_channel": reply,
+        "sent": sent,
+        "expires": sent + wait - EXPIRY_MARGIN,
+        "boot": boot,
+    }
 
 
-def _watch() -> Any:
+def _quiet() -> Stamped:
+    """The deadline fields of a message that gives something back: none waits for an answer."""
+    sent = time.time()
+    return {"sent": sent, "expires": sent + QUIET_EXPIRY}
+
+
+def _watch() -> RouterWatch | None:
     """The router's heartbeat watch of this loop in team mode; None without Redis."""
     from django.conf import settings
 
@@ -523,15 +570,10 @@ async def _on_loop(host: LocalRouter, work: Coroutine[Any, Any, T]) -> T:
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
 
 
-def expired(message: dict[str, Any], now: float | None = None) -> bool:
+def expired(message: Mapping[str, Any], now: float | None = None) -> bool:
     """Whether a message's sender has stopped waiting for it (its ``expires`` has passed)."""
     expires = message.get("expires")
     return isinstance(expires, int | float) and expires < (now or time.time())
-
-
-# Messages that only give something back: always applied, however late (an unknown lease or
-# request is ignored). Every other message asks for work and is dropped when stale.
-GIVING_BACK = frozenset({"router.release", "router.renew", "router.cancel"})
 
 
 # ---- router side: building answers (worker.py only) ---------------------------------------
@@ -572,12 +614,12 @@ def rejected(
     }
 
 
-def accepted(request_id: str, boot: str = "") -> dict[str, str]:
+def accepted(request_id: str, boot: str = "") -> AcceptedMessage:
     return {"type": "router.accepted", "request_id": request_id, "boot": boot}
 
 
 def result(
-    request_id: str, body: dict[str, Any], status: int = 200, boot: str = ""
+    request_id: str, body: Mapping[str, Any], status: int = 200, boot: str = ""
 ) -> ResultMessage:
     return {
         "type": "router.result",
@@ -589,5 +631,5 @@ def result(
     }
 
 
-def event(payload: dict[str, Any]) -> EventMessage:
+def event(payload: EventPayload) -> EventMessage:
     return {"type": "router.event", "event": payload}

@@ -37,6 +37,7 @@ from django.contrib.auth import get_user_model
 from django.urls import reverse
 
 from models_app import audit, bridge
+from models_app.messages import EventMessage
 from models_app.models import AuditEvent, Preset
 from models_app.roles import Role, role_of
 from models_app.views import actions, common, memory
@@ -133,7 +134,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Ch
 
     # ---- router events (group message type "router.event") ------------------------------------
 
-    async def router_event(self, message: dict[str, Any]) -> None:
+    async def router_event(self, message: EventMessage) -> None:
         event = message["event"]
         await self.send_json({"type": "event", "event": event})
         if event.get("type") not in QUIET_EVENTS:
@@ -202,7 +203,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Ch
         back-off) until it does — a socket opened during an outage heals by itself."""
         delay = SNAPSHOT_RETRY
         while True:
-            answer = await common.call_router("snapshot")
+            answer = await common.call_router({"type": "router.snapshot"})
             try:
                 presets = await database_sync_to_async(preset_facts)()
             except Exception:  # the database away: the page keeps its preset facts
@@ -216,13 +217,13 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Ch
             delay = min(delay * 2, SNAPSHOT_RETRY_MAX)
 
     async def _send_memory(self) -> None:
-        answer = await common.call_router("snapshot", what="memory")
+        answer = await common.call_router({"type": "router.memory"})
         samples = (answer.body or {}).get("memory")
         if isinstance(samples, list):
             await self.send_json({"type": "memory", "history": memory.columns(samples)})
 
     async def _send_logs(self, model: str) -> None:
-        answer = await common.call_router("snapshot", what="logs", model=model)
+        answer = await common.call_router({"type": "router.logs", "model": model})
         lines = (answer.body or {}).get("logs")
         message = {
             "type": "logs",

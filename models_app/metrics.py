@@ -4,8 +4,8 @@
 counts loads, load durations, evictions and unloads by reason, force-kills, crashes, expired
 leases and how long queue entries waited, from the engine's events, in the router's process.
 ``families(snapshot)`` adds the gauges of the moment (state, in-flight, queue, memory) from the
-engine's snapshot and returns JSON-able metric families, which the router answers for
-``snapshot`` with ``what="metrics"``. The web side renders them with ``render()`` for
+engine's snapshot and returns JSON-able metric families, which the router answers to the
+``router.metrics`` call. The web side renders them with ``render()`` for
 ``GET /metrics`` (Prometheus text format 0.0.4) — no metrics library on either side.
 
 Memory rollups for the history chart (``roll_up``) live here too: they fold the router's

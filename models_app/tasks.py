@@ -175,7 +175,7 @@ def roll_up_memory(client: RouterClient | None = None) -> int:
     """Fold the router's one-hour memory ring into per-minute rollups; 0 if it does not answer."""
     client = client or RouterClient()
     try:
-        answer = async_to_sync(client.call)("snapshot", what="memory")
+        answer = async_to_sync(client.memory)()
     except RouterRejected as exc:
         log.warning("memory rollup skipped: %s", exc)
         return 0
@@ -186,7 +186,7 @@ def preload(name: str, client: RouterClient | None = None) -> dict[str, Any]:
     """Ask the router to load ``name`` through its queue (rule A9), as the actor ``schedule``."""
     client = client or RouterClient()
     try:
-        return async_to_sync(client.call)("load", model=name, actor=PRELOAD_ACTOR)
+        return dict(async_to_sync(client.load)(name, actor=PRELOAD_ACTOR))
     except RouterRejected as exc:
         if "already running" in exc.error.get("message", ""):
             return {"success": True, "already_running": True}

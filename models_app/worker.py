@@ -4,7 +4,8 @@
 event loop) or ``runrouter`` (team mode) creates it, starts it at boot — not on the first
 message — and stops it on SIGTERM/SIGINT, which stops every child within its stop-timeout.
 ``RouterConsumer`` is the Channels consumer for channel ``router``; it only forwards each
-message type to the host method of the same name (STYLE 13).
+message type to the host method of the same name (STYLE 13). The messages' types are in
+messages.py.
 
 Answers never block the consumer: an acquire may wait minutes in the queue, so each one runs
 in a task of its own that answers on the caller's reply channel.
@@ -16,9 +17,9 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from asgiref.sync import sync_to_async
 from channels.consumer import AsyncConsumer
@@ -27,6 +28,38 @@ from django.conf import settings
 
 from models_app import bridge, liveness, specs
 from models_app.audit_writer import AuditWriter, new_router_id
+from models_app.messages import (
+    CALL_TYPES,
+    GIVING_BACK,
+    AcquireAnswer,
+    AcquireMessage,
+    AnswerBody,
+    Call,
+    CallMessage,
+    CancelledAnswer,
+    CancelMessage,
+    CancelQueuedCall,
+    EventPayload,
+    LeaseAnswer,
+    LeaseCall,
+    LoadCall,
+    LogsAnswer,
+    LogsCall,
+    MemoryAnswer,
+    MetricsAnswer,
+    ReadyAnswer,
+    RejectedMessage,
+    ReleaseMessage,
+    ReloadAnswer,
+    ReloadCall,
+    RenewMessage,
+    ResultMessage,
+    SettingsCall,
+    SnapshotAnswer,
+    SuccessAnswer,
+    UnloadCall,
+    WaitingMessage,
+)
 from models_app.metrics import RouterMetrics
 from routerpanel.router.catalogue import Event
 from routerpanel.router.engine import Engine
@@ -73,10 +106,13 @@ class RouterHost:
         self._listeners: list[Callable[[EngineEvent], None]] = []
         self._expired: Counter[str] = Counter()
         self._expired_flush: asyncio.TimerHandle | None = None
-        self._calls: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
-            "load": self._load, "unload": self._unload, "cancel_queued": self._cancel_queued,
-            "reload": self._reload, "snapshot": self._snapshot, "settings": self._settings,
-            "lease": self._lease,
+        # The handler of each message type; a message comes off the channel layer untyped (Any)
+        # and its "type" says which of messages.py's TypedDicts it is.
+        self._handlers: dict[str, Callable[[Any], None]] = {
+            "router.acquire": self.router_acquire, "router.waiting": self.router_waiting,
+            "router.renew": self.router_renew, "router.release": self.router_release,
+            "router.cancel": self.router_cancel,
+            **{kind: self.router_call for kind in CALL_TYPES},
         }  # fmt: skip
 
     def add_listener(self, listener: Callable[[EngineEvent], None]) -> None:
@@ -149,7 +185,12 @@ class RouterHost:
 
     async def _publish_events(self, events: Subscription) -> None:
         async for event in events:
-            payload = {"seq": event.seq, "type": event.type, "time": event.time, "data": event.data}
+            payload: EventPayload = {
+                "seq": event.seq,
+                "type": event.type,
+                "time": event.time,
+                "data": event.data,
+            }
             try:
                 await self.layer.group_send(bridge.EVENTS_GROUP, bridge.event(payload))
             except Exception:  # a slow or absent subscriber must never stop the router
@@ -188,75 +229,97 @@ class RouterHost:
 
     # ---- calls: the same for a web side in this process and one over the layer -------------
 
-    async def call(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    async def call(self, call: Call) -> AnswerBody:
         """Answer one call (``load``, ``unload``, …); raise RouterError when the answer is no."""
-        handler = self._calls.get(kind)
-        if handler is None:
-            raise RouterError(400, "invalid_request_error", f"unknown router call {kind!r}")
-        return await handler(payload)
+        if call["type"] == "router.load":
+            return await self._load(call)
+        if call["type"] == "router.unload":
+            return await self._unload(call)
+        if call["type"] == "router.cancel_queued":
+            return await self._cancel_queued(call)
+        if call["type"] == "router.reload":
+            return await self._reload(call)
+        if call["type"] == "router.settings":
+            return await self._settings(call)
+        if call["type"] == "router.snapshot":
+            return self._snapshot()
+        if call["type"] == "router.ready":  # GET /ready: cheap, no snapshot
+            return self._ready()
+        if call["type"] == "router.memory":
+            return self._memory()
+        if call["type"] == "router.metrics":
+            return self._metrics()
+        if call["type"] == "router.logs":
+            return self._logs(call)
+        if call["type"] == "router.lease":
+            return self._lease(call)
+        assert_never(call)  # mypy: every Call is answered (handler() lets no other type in)
 
-    async def _load(self, message: dict[str, Any]) -> dict[str, Any]:
-        await self._engine.load(message["model"], actor=message.get("actor", ""))
+    async def _load(self, call: LoadCall) -> SuccessAnswer:
+        await self._engine.load(call["model"], actor=call["actor"])
         return {"success": True}
 
-    async def _unload(self, message: dict[str, Any]) -> dict[str, Any]:
-        await self._engine.unload(message["model"], actor=message.get("actor", ""))
+    async def _unload(self, call: UnloadCall) -> SuccessAnswer:
+        await self._engine.unload(call["model"], actor=call["actor"])
         return {"success": True}
 
-    async def _cancel_queued(self, message: dict[str, Any]) -> dict[str, Any]:
+    async def _cancel_queued(self, call: CancelQueuedCall) -> CancelledAnswer:
         ids = await self._engine.cancel_queued(
-            model=message.get("model"),
-            request_id=message.get("queued_request"),
-            actor=message.get("actor", ""),
+            model=call.get("model"), request_id=call.get("queued_request"), actor=call["actor"]
         )
         return {"success": True, "cancelled": ids}
 
-    async def _reload(self, message: dict[str, Any]) -> dict[str, Any]:
-        if self.before_reload is not None and message.get("sources"):
+    async def _reload(self, call: ReloadCall) -> ReloadAnswer:
+        if self.before_reload is not None and call.get("sources"):
             await self.before_reload()
         _, presets = await sync_to_async(specs.load_specs)(self.overrides)
-        return await self._engine.reload(presets, actor=message.get("actor", ""))
+        return await self._engine.reload(presets, actor=call["actor"])
 
-    async def _snapshot(self, message: dict[str, Any]) -> dict[str, Any]:
-        what = message.get("what", "snapshot")
-        if what == "memory":
-            return {"memory": self._engine.memory_history()}
-        if what == "metrics":
-            return {"metrics": self.metrics.families(self._engine.snapshot())}
-        if what == "logs":
-            return {"logs": self._engine.logs(message["model"])}
-        if what == "ready":  # GET /ready: cheap, no snapshot
-            return self._engine.status() | {"boot": self.boot}
-        return self._engine.snapshot() | {"boot": self.boot}
-
-    async def _settings(self, message: dict[str, Any]) -> dict[str, Any]:
+    async def _settings(self, call: SettingsCall) -> SuccessAnswer:
         config, _ = await sync_to_async(specs.load_specs)(self.overrides)
-        await self._engine.update_settings(config, actor=message.get("actor", ""))
+        await self._engine.update_settings(config, actor=call["actor"])
         return {"success": True}
 
-    async def _lease(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _snapshot(self) -> SnapshotAnswer:
+        return self._engine.snapshot() | {"boot": self.boot}
+
+    def _ready(self) -> ReadyAnswer:
+        return self._engine.status() | {"boot": self.boot}
+
+    def _memory(self) -> MemoryAnswer:
+        return {"memory": self._engine.memory_history()}
+
+    def _metrics(self) -> MetricsAnswer:
+        return {"metrics": self.metrics.families(self._engine.snapshot())}
+
+    def _logs(self, call: LogsCall) -> LogsAnswer:
+        return {"logs": self._engine.logs(call["model"])}
+
+    def _lease(self, call: LeaseCall) -> LeaseAnswer:
         """Why did the router end this lease (its child was killed as hung)? None: it did not."""
-        error = self._engine.why_ended(str(message.get("lease_id")))
+        error = self._engine.why_ended(call["lease_id"])
         if error is None:
             return {"error": None}
-        return error.body() | {"retry_after": error.retry_after}
+        body = bridge.error_body(error.status, error.message, error.error_type)
+        return {"error": body, "retry_after": error.retry_after}
 
     # ---- message handlers (channel layer), one per type -------------------------------------
 
-    def router_acquire(self, message: dict[str, Any]) -> None:
+    def router_acquire(self, message: AcquireMessage) -> None:
         request_id = message["request_id"]
         self._acquires[request_id] = self._spawn(self._acquire(message))
 
-    async def _acquire(self, message: dict[str, Any]) -> None:
+    async def _acquire(self, message: AcquireMessage) -> None:
         request_id, reply = message["request_id"], message["reply_channel"]
         wait = asyncio.ensure_future(
             self._engine.acquire(
                 message["model"],
                 request_id=request_id,
-                actor=message.get("actor", ""),
-                autoload=message.get("autoload", True),
+                actor=message["actor"],
+                autoload=message["autoload"],
             )
         )
+        answer: AcquireAnswer
         try:
             done, _ = await asyncio.wait({wait}, timeout=QUEUED_AFTER)
             if not done:
@@ -265,16 +328,14 @@ class RouterHost:
             lease = await wait
         except RouterError as exc:
             error = bridge.error_body(exc.status, exc.message, exc.error_type)
-            answer: dict[str, Any] = dict(
-                bridge.rejected(request_id, exc.status, error, exc.retry_after, self.boot)
-            )
+            answer = bridge.rejected(request_id, exc.status, error, exc.retry_after, self.boot)
         except asyncio.CancelledError:
             wait.cancel()
             raise
         else:
             ttl = self._engine.config.lease_ttl  # not snapshot(): that builds every model's view
-            answer = dict(
-                bridge.granted(request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot)
+            answer = bridge.granted(
+                request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot
             )
         finally:
             self._acquires.pop(request_id, None)
@@ -283,47 +344,46 @@ class RouterHost:
     def _queue_position(self, model: str) -> int:
         return self._engine.queue_position(model)
 
-    def router_waiting(self, message: dict[str, Any]) -> None:
+    def router_waiting(self, message: WaitingMessage) -> None:
         """A queued web request heard nothing for a while: say where it stands (a lost answer
         is sent again; a request this router does not know is answered 503)."""
         request_id, reply = message["request_id"], message["reply_channel"]
         lease = self._engine.lease_for(request_id)
-        answer: dict[str, Any]
+        answer: AcquireAnswer
         if request_id in self._acquires:
-            position = self._queue_position(message.get("model") or "")
-            answer = dict(bridge.queued(request_id, position, self.boot))
+            position = self._queue_position(message["model"])
+            answer = bridge.queued(request_id, position, self.boot)
         elif lease is not None:
             ttl = self._engine.config.lease_ttl
-            answer = dict(
-                bridge.granted(request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot)
+            answer = bridge.granted(
+                request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot
             )
         else:
             text = "the router does not know this request (it restarted, or the request was lost)"
             error = bridge.error_body(503, text, "unavailable_error")
-            answer = dict(bridge.rejected(request_id, 503, error, 5, self.boot))
+            answer = bridge.rejected(request_id, 503, error, 5, self.boot)
         self._spawn(self.layer.send(reply, answer))
 
-    def router_renew(self, message: dict[str, Any]) -> None:
+    def router_renew(self, message: RenewMessage) -> None:
         idle = message.get("idle")
         idle = float(idle) if isinstance(idle, int | float) else None
         self._engine.renew(message["lease_id"], idle=idle)
 
-    def router_release(self, message: dict[str, Any]) -> None:
+    def router_release(self, message: ReleaseMessage) -> None:
         self._engine.release(message["lease_id"])
 
-    def router_cancel(self, message: dict[str, Any]) -> None:
+    def router_cancel(self, message: CancelMessage) -> None:
         task = self._acquires.pop(message["request_id"], None)
         if task is not None:
             task.cancel()
         self._engine.cancel(message["request_id"])
 
-    def router_call(self, message: dict[str, Any]) -> None:
+    def router_call(self, message: CallMessage) -> None:
         """``router.load``, ``router.unload``, … (every type that ``call`` knows)."""
-        kind = message["type"].removeprefix("router.")
 
         async def answer() -> None:
             request_id, reply = message["request_id"], message["reply_channel"]
-            work = asyncio.ensure_future(self.call(kind, message))
+            work = asyncio.ensure_future(self.call(message))
             done, _ = await asyncio.wait({work}, timeout=QUEUED_AFTER)
             if not done:
                 await self.layer.send(reply, bridge.accepted(request_id, self.boot))
@@ -339,19 +399,13 @@ class RouterHost:
 
         self._spawn(answer())
 
-    def handler(self, message_type: str) -> Callable[[dict[str, Any]], None] | None:
+    def handler(self, message_type: str) -> Callable[[Any], None] | None:
         """The handler of a message type, or None for a type this router does not know."""
-        if message_type in (
-            "router.acquire", "router.waiting", "router.renew", "router.release", "router.cancel"
-        ):  # fmt: skip
-            return getattr(self, message_type.replace(".", "_"))  # type: ignore[no-any-return]
-        if message_type.removeprefix("router.") in self._calls:
-            return self.router_call
-        return None
+        return self._handlers.get(message_type)
 
     # ---- messages whose sender gave up ------------------------------------------------------
 
-    def stale(self, message: dict[str, Any]) -> bool:
+    def stale(self, message: Mapping[str, Any]) -> bool:
         """Whether the message's sender has given up on it, so it must not run (bridge.py).
 
         Expired; addressed to another boot; sent before this router started; or arriving while
@@ -359,7 +413,7 @@ class RouterHost:
         process saw it dead and answered its waiters. Messages that give something back
         (release, renew, cancel) are never stale.
         """
-        if message.get("type") in bridge.GIVING_BACK:
+        if message.get("type") in GIVING_BACK:
             return False
         if bridge.expired(message):
             return True
@@ -373,7 +427,7 @@ class RouterHost:
         beat = getattr(self, "_beat", None)
         return beat is not None and sent < beat.stale_before()
 
-    def drop_expired(self, message: dict[str, Any]) -> None:
+    def drop_expired(self, message: Mapping[str, Any]) -> None:
         """Drop a message that arrived after its deadline (its sender answered the client
         already): counted, and published at most every EXPIRED_NOTE_EVERY seconds."""
         self._expired[str(message.get("type"))] += 1
@@ -412,16 +466,17 @@ class RouterConsumer(AsyncConsumer):  # type: ignore[misc]  # Channels has no ty
         except Exception:
             log.exception("router message %s failed", message["type"])
 
-    async def _refuse(self, message: dict[str, Any], host: RouterHost | None) -> None:
+    async def _refuse(self, message: Mapping[str, Any], host: RouterHost | None) -> None:
         reply = message.get("reply_channel")
         if not reply:
             return
         text = "router unavailable" if host is None else f"unknown message {message['type']}"
         error = bridge.error_body(503, text, "unavailable_error")
+        out: RejectedMessage | ResultMessage
         if message["type"] == "router.acquire":
-            out: dict[str, Any] = dict(bridge.rejected(message["request_id"], 503, error, 5))
+            out = bridge.rejected(message["request_id"], 503, error, 5)
         else:
-            out = dict(bridge.result(message.get("request_id", ""), {"error": dict(error)}, 503))
+            out = bridge.result(message.get("request_id", ""), {"error": dict(error)}, 503)
         await self.channel_layer.send(reply, out)
 
 

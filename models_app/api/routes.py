@@ -39,7 +39,7 @@ async def ready(api: Api, request: Request) -> None:
     the route health checks and load balancers should use (public, like /health).
     """
     try:
-        body = await api.ready_client.call("snapshot", what="ready")
+        body = await api.ready_client.ready()
     except RouterRejected as exc:
         answer = {"status": "unavailable", "error": exc.error.get("message")}
         await request.respond(503, dumps(answer), headers=((b"retry-after", b"5"),))
@@ -52,7 +52,7 @@ async def props(api: Api, request: Request) -> None:
     if request.query("model"):
         await proxy.proxy_get(api, request)
         return
-    snapshot = await api.router.call("snapshot")
+    snapshot = await api.router.snapshot()
     config = snapshot.get("config") or {}
     await request.respond_json(
         {
@@ -76,7 +76,7 @@ async def list_models(api: Api, request: Request) -> None:
         api.refuse_foreign_origin(request)  # a reload restarts changed models: it changes state
         # sources=True: re-read --models-preset/--models-dir too, as llama.cpp re-reads its
         # sources; the panel's reloads after an edit do not, so they never undo that edit.
-        answer = await api.router.call("reload", actor=request.actor, sources=True)  # 500
+        answer = await api.router.reload(actor=request.actor, sources=True)  # 500
         removed = set(answer.get("removed") or ())
     snapshot = await _until_stopped(api, removed)
     await request.respond_json(listing.render(snapshot.get("models") or (), time.time()))
@@ -94,7 +94,7 @@ async def _until_stopped(api: Api, removed: set[str]) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     deadline: float | None = None
     while True:
-        snapshot = await api.router.call("snapshot")
+        snapshot = await api.router.snapshot()
         left = [m for m in snapshot.get("models") or () if m.get("name") in removed]
         if not left:
             return snapshot
@@ -112,7 +112,7 @@ async def load(api: Api, request: Request) -> None:
     if not model:
         raise ApiError(404, "model is not found")  # llama.cpp looks "" up: not found, 404
     _check_operator(api, request)
-    await request.respond_json(await api.router.call("load", model=model, actor=request.actor))
+    await request.respond_json(await api.router.load(model, actor=request.actor))
 
 
 async def unload(api: Api, request: Request) -> None:
@@ -121,7 +121,7 @@ async def unload(api: Api, request: Request) -> None:
     if not model:
         raise ApiError(400, "model is not found")
     _check_operator(api, request)
-    await request.respond_json(await api.router.call("unload", model=model, actor=request.actor))
+    await request.respond_json(await api.router.unload(model, actor=request.actor))
 
 
 async def cancel_queued(api: Api, request: Request) -> None:
@@ -138,8 +138,9 @@ async def cancel_queued(api: Api, request: Request) -> None:
     if bool(model) == bool(request_id):
         raise ApiError(400, "give exactly one of 'model' or 'request_id'")
     _check_operator(api, request)
-    target = {"model": model} if model else {"queued_request": request_id}
-    answer = await api.router.call("cancel_queued", actor=request.actor, **target)
+    answer = await api.router.cancel_queued(
+        actor=request.actor, model=model, queued_request=request_id
+    )
     await request.respond_json(answer)
 
 
@@ -176,6 +177,6 @@ async def metrics(api: Api, request: Request) -> None:
     if request.query("model"):
         await proxy.proxy_get(api, request)
         return
-    answer = await api.router.call("snapshot", what="metrics")
+    answer = await api.router.metrics()
     body = router_metrics.render(answer.get("metrics") or [])
     await request.respond(200, body, router_metrics.CONTENT_TYPE)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from models_app import audit
+from models_app.messages import CancelQueuedCall, LoadCall, UnloadCall
 from models_app.models import Preset, RouterSettings
 from models_app.views import common
 from models_app.views.common import ACTION_WAIT, Answer
@@ -37,8 +38,12 @@ async def run(
     if action not in ACTIONS:
         return Outcome(False, f"unknown action {action!r}")
     if action == "cancel":
-        target = {"queued_request": request_id} if request_id else {"model": model}
-        answer = await common.call_router("cancel_queued", ACTION_WAIT, actor=actor, **target)
+        cancel: CancelQueuedCall = {"type": "router.cancel_queued", "actor": actor}
+        if request_id:
+            cancel["queued_request"] = request_id
+        else:
+            cancel["model"] = model
+        answer = await common.call_router(cancel, ACTION_WAIT)
         n = len((answer.body or {}).get("cancelled") or [])
         what = f"request {request_id}" if request_id else f"{n} queued request{'s' * (n != 1)}"
         return _outcome(answer, f"{model}: cancelled {what}", f"{model}: cancelling")
@@ -46,10 +51,15 @@ async def run(
         error = await sync_to_async(set_pinned)(model, action == "pin", actor, user_id)
         if error:
             return Outcome(False, error)
-        answer = await common.call_router("reload", ACTION_WAIT, actor=actor)
+        answer = await common.call_router({"type": "router.reload", "actor": actor}, ACTION_WAIT)
         done = f"{model} {action}ned"
         return _outcome(answer, done, f"{done}; the router is reloading its presets")
-    answer = await common.call_router(action, ACTION_WAIT, model=model, actor=actor)
+    call: LoadCall | UnloadCall
+    if action == "load":
+        call = {"type": "router.load", "model": model, "actor": actor}
+    else:
+        call = {"type": "router.unload", "model": model, "actor": actor}
+    answer = await common.call_router(call, ACTION_WAIT)
     done = f"{model}: {action} started" if action == "load" else f"{model}: unloading"
     pending = f"{model}: {action} queued; the dashboard shows its progress"
     return _outcome(answer, done, pending)

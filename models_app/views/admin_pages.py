@@ -54,7 +54,7 @@ def _save_settings(request: HttpRequest, form: SettingsForm) -> HttpResponse:
     if changed is None:
         messages.info(request, "Nothing changed.")
         return redirect("panel:settings")
-    answer = common.ask_router("settings", common.ACTION_WAIT, actor=actor)
+    answer = common.ask_router({"type": "router.settings", "actor": actor}, common.ACTION_WAIT)
     common.report(
         request,
         answer,
@@ -185,7 +185,7 @@ def user_role(request: HttpRequest, pk: int) -> HttpResponse:
 @require(Role.VIEWER)
 def model_logs(request: HttpRequest, model: str) -> HttpResponse:
     """The model's log ring as it is now; the page then tails it live over the WebSocket."""
-    answer = common.ask_router("snapshot", common.PAGE_TIMEOUT + 1, what="logs", model=model)
+    answer = common.ask_router({"type": "router.logs", "model": model}, common.PAGE_TIMEOUT + 1)
     lines: Any = (answer.body or {}).get("logs")
     context = {
         "model": model,

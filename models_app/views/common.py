@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from django.contrib import messages
 from django.http import HttpRequest
 
 from models_app.bridge import RouterClient, RouterRejected
+from models_app.messages import Call
 from models_app.roles import Role, role_of
 from routerpanel.router import catalogue, states
 
@@ -48,13 +49,13 @@ def client(timeout: float | None = None) -> RouterClient:
     return RouterClient(timeout=timeout or PAGE_TIMEOUT)
 
 
-async def call_router(kind: str, wait: float | None = None, **payload: Any) -> Answer:
-    """Call the router; give up waiting after ``wait`` seconds but let the call finish.
+async def call_router(call: Call, wait: float | None = None) -> Answer:
+    """Make ``call``; give up waiting after ``wait`` seconds but let the call finish.
 
     A load may sit in the queue for minutes (A9): the caller gets ``pending`` and the call goes
     on as a task on the server's loop, logging its failure.
     """
-    task = asyncio.ensure_future(_answer(client().call(kind, **payload)))
+    task = asyncio.ensure_future(_answer(client().call(call)))
     done, _ = await asyncio.wait({task}, timeout=wait)
     if done:
         return task.result()
@@ -63,9 +64,9 @@ async def call_router(kind: str, wait: float | None = None, **payload: Any) -> A
     return Answer(pending=True)
 
 
-async def _answer(call: Coroutine[Any, Any, dict[str, Any]]) -> Answer:
+async def _answer(call: Coroutine[Any, Any, Mapping[str, Any]]) -> Answer:
     try:
-        return Answer(body=await call)
+        return Answer(body=dict(await call))
     except RouterRejected as exc:
         return Answer(error=exc.error.get("message") or str(exc), status=exc.status)
     except Exception as exc:  # a full or missing channel layer: the router is out of reach
@@ -79,14 +80,14 @@ def _finished_in_background(task: asyncio.Task[Answer]) -> None:
         log.info("router call failed after the page answered: %s", task.result().error)
 
 
-def ask_router(kind: str, wait: float | None = None, **payload: Any) -> Answer:
+def ask_router(call: Call, wait: float | None = None) -> Answer:
     """``call_router`` from a synchronous view."""
-    return async_to_sync(call_router)(kind, wait, **payload)
+    return async_to_sync(call_router)(call, wait)
 
 
 def snapshot() -> tuple[dict[str, Any] | None, str | None]:
     """Return the engine snapshot and None, or None and why it is missing."""
-    answer = ask_router("snapshot", PAGE_TIMEOUT + 1)
+    answer = ask_router({"type": "router.snapshot"}, PAGE_TIMEOUT + 1)
     if answer.body is None:
         return None, answer.error or "router unavailable"
     return answer.body, None

@@ -135,7 +135,7 @@ def memory_history(request: HttpRequest) -> JsonResponse:
     """``?range=1h`` (the router's ring, as columns), ``24h`` or ``7d`` (the rollups)."""
     range_name = request.GET.get("range", "1h")
     if range_name == "1h":
-        answer = common.ask_router("snapshot", common.PAGE_TIMEOUT + 1, what="memory")
+        answer = common.ask_router({"type": "router.memory"}, common.PAGE_TIMEOUT + 1)
         samples = (answer.body or {}).get("memory")
         if not isinstance(samples, list):
             return JsonResponse({"available": False, "reason": answer.error or "no samples"})

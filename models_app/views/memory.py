@@ -1,6 +1,6 @@
 """Memory history for the dashboard chart: the router's one-hour ring and the per-minute rollups.
 
-The last hour comes from the router (``snapshot`` with ``what="memory"``) and is turned into
+The last hour comes from the router (the ``router.memory`` call) and is turned into
 columns here, so the browser gets a few arrays instead of 3600 nested objects. The 24 h / 7 d
 views read ``MemoryRollup`` rows (per minute: min/avg/max of the system's used memory, its
 available and swap, and each model's RSS). While there are none the range answers

@@ -18,6 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from models_app import audit, presets_io, server_options, specs
 from models_app.forms import ImportForm, PresetForm, option_names, pair_formset
+from models_app.messages import ReloadCall
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
 from models_app.roles import Role, require
 from models_app.views import common
@@ -125,7 +126,7 @@ def _save(request: HttpRequest, form: PresetForm, before: dict[str, Any] | None)
         preset.updated_by = request.user
         preset.save()  # tasks.preset_saved reads the GGUF facts and estimate after the commit
         audit.record_preset_change(before, preset, actor)
-    answer = common.ask_router("reload", common.ACTION_WAIT, actor=actor)
+    answer = common.ask_router({"type": "router.reload", "actor": actor}, common.ACTION_WAIT)
     verb = "Created" if before is None else "Saved"
     _report_reload(request, f"{verb} {preset.name}.", answer, preset.name)
     for warning in getattr(preset, "option_warnings", []):
@@ -173,7 +174,7 @@ def preset_delete(request: HttpRequest, pk: int) -> HttpResponse:
         before = audit.preset_state(preset)
         preset.delete()
         audit.record_preset_change(before, None, actor)
-    answer = common.ask_router("reload", common.ACTION_WAIT, actor=actor)
+    answer = common.ask_router({"type": "router.reload", "actor": actor}, common.ACTION_WAIT)
     _report_reload(request, f"Deleted {name}.", answer, "")
     return redirect("panel:preset_list")
 
@@ -198,12 +199,9 @@ def preset_import(request: HttpRequest) -> HttpResponse:
             context["lines"] = _numbered(text, exc.line)
             return render(request, "panel/presets/import.html", context)
         if apply:
-            _report_reload(
-                request,
-                f"Imported: {report.summary()}.",
-                common.ask_router("reload", common.ACTION_WAIT, actor=audit.actor_of(request.user)),
-                "",
-            )
+            reload: ReloadCall = {"type": "router.reload", "actor": audit.actor_of(request.user)}
+            answer = common.ask_router(reload, common.ACTION_WAIT)
+            _report_reload(request, f"Imported: {report.summary()}.", answer, "")
             return redirect("panel:preset_list")
         context["report"] = report
     return render(request, "panel/presets/import.html", context)

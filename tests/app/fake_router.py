@@ -1,10 +1,10 @@
 """A scripted stand-in for the router worker: answers the bridge protocol on a channel layer.
 
 The real worker hosts the engine; these tests are about the HTTP side, so ``FakeRouter`` only
-plays the protocol of ``models_app.bridge``: it grants, queues then grants, rejects or stays
-silent per model, answers snapshot/load/unload/reload from a small table, records every message
-it receives (so a test can wait for ``router.cancel`` or ``router.release``), and emits events to
-the events group.
+plays the protocol of ``models_app.bridge`` (the messages of ``models_app.messages``): it
+grants, queues then grants, rejects or stays silent per model, answers the calls (snapshot, load,
+unload, reload, …) from a small table, records every message it receives (so a test can wait for
+``router.cancel`` or ``router.release``), and emits events to the events group.
 """
 
 from __future__ import annotations
@@ -244,6 +244,20 @@ class FakeRouter:
             "config": {"models_max": self.models_max, "autoload": True, "lease_ttl": LEASE_TTL},
         }
         await self._reply(message, bridge.result(message["request_id"], body))
+
+    async def router_ready(self, message: dict[str, Any]) -> None:
+        running = sum(1 for m in self.models.values() if m.status in ("loading", "loaded"))
+        body = {"models": len(self.models), "running": running, "queued": 0, "boot": ""}
+        await self._reply(message, bridge.result(message["request_id"], body))
+
+    async def router_memory(self, message: dict[str, Any]) -> None:
+        await self._reply(message, bridge.result(message["request_id"], {"memory": []}))
+
+    async def router_metrics(self, message: dict[str, Any]) -> None:
+        await self._reply(message, bridge.result(message["request_id"], {"metrics": []}))
+
+    async def router_logs(self, message: dict[str, Any]) -> None:
+        await self._reply(message, bridge.result(message["request_id"], {"logs": []}))
 
     async def router_load(self, message: dict[str, Any]) -> None:
         model = self.resolve(message["model"])

@@ -114,12 +114,9 @@ class TestRouterMetrics:
 class MetricsRouter(FakeRouter):
     families: list[dict[str, Any]] = []
 
-    async def router_snapshot(self, message: dict[str, Any]) -> None:
-        if message.get("what") == "metrics":
-            body = {"metrics": self.families}
-            await self._reply(message, bridge.result(message["request_id"], body))
-        else:
-            await super().router_snapshot(message)
+    async def router_metrics(self, message: dict[str, Any]) -> None:
+        body = {"metrics": self.families}
+        await self._reply(message, bridge.result(message["request_id"], body))
 
 
 @pytest.fixture
@@ -150,8 +147,8 @@ class TestMetricsRoute:
         assert call.header("content-type") == "text/plain; version=0.0.4; charset=utf-8"
         names = {f.name for f in text_string_to_metric_families(call.body.decode())}
         assert {"routerpanel_loads", "routerpanel_model_state", "routerpanel_queue_depth"} <= names
-        message = await fake.wait_for("router.snapshot")
-        assert message["what"] == "metrics"
+        await fake.wait_for("router.metrics")
+        assert fake.of_type("router.snapshot") == []  # the families, not the snapshot
 
     async def test_it_needs_a_key_like_the_rest_of_the_api(self, served: Any) -> None:
         _, client, table = served

@@ -206,7 +206,7 @@ class TestMessages:
         )
         assert (await socket.receive_json_from(timeout=TIMEOUT))["type"] == "snapshot"
         assert (await socket.receive_json_from(timeout=TIMEOUT))["type"] == "audit"
-        assert not [kind for kind, p in stub.calls if p.get("what") == "memory"]
+        assert not stub.of_kind("memory")
         await socket.disconnect()
 
     async def test_new_audit_rows_follow_a_lifecycle_event(self, stub: RouterStub) -> None:

@@ -150,4 +150,4 @@ class TestLogs:
         text = viewer_client.get("/logs/org/m:Q4_K_M/").content.decode()
         assert "&lt;b&gt;loading&lt;/b&gt;" in text  # escaped
         assert 'data-model="org/m:Q4_K_M"' in text
-        assert stub.of_kind("snapshot")[-1] == {"what": "logs", "model": "org/m:Q4_K_M"}
+        assert stub.of_kind("logs")[-1] == {"model": "org/m:Q4_K_M"}

@@ -15,6 +15,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from models_app.messages import Call
 from models_app.roles import Role, set_role
 from models_app.views import common
 
@@ -37,7 +38,8 @@ def model_row(name: str, state: str = "unloaded", **fields: Any) -> dict[str, An
 
 
 class RouterStub:
-    """Answer ``call_router`` like the router would; ``down`` makes it unavailable."""
+    """Answer ``call_router`` like the router would; ``down`` makes it unavailable. A call is
+    recorded as its kind (``"load"`` for ``router.load``) and the rest of it."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -58,24 +60,26 @@ class RouterStub:
             "config": {"models_max": 2},
         }
 
-    async def __call__(self, kind: str, wait: float | None = None, **payload: Any) -> common.Answer:
+    async def __call__(self, call: Call, wait: float | None = None) -> common.Answer:
+        kind = call["type"].removeprefix("router.")
+        payload = {key: value for key, value in call.items() if key != "type"}
         self.calls.append((kind, payload))
         if self.down:
             return common.Answer(error="router unavailable", status=503)
         if kind in self.answers:
             return self.answers[kind]
+        if kind == "memory":
+            return common.Answer(body={"memory": self.memory})
+        if kind == "logs":
+            return common.Answer(body={"logs": self.logs.get(payload["model"], [])})
         if kind == "snapshot":
-            what = payload.get("what")
-            if what == "memory":
-                return common.Answer(body={"memory": self.memory})
-            if what == "logs":
-                return common.Answer(body={"logs": self.logs.get(payload["model"], [])})
             return common.Answer(body=self.snapshot())
         if kind == "reload":
             return common.Answer(body={"added": [], "removed": [], "changed": [], "restarted": []})
         return common.Answer(body={"success": True})
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        """The calls of one type (``"load"`` for ``router.load``), each without its type."""
         return [payload for k, payload in self.calls if k == kind]
 
 

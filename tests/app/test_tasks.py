@@ -217,16 +217,13 @@ def _minute(t: float) -> datetime:
 
 
 class MemoryRouter(FakeRouter):
-    """The fake router, answering ``snapshot`` with ``what="memory"`` like the real one."""
+    """The fake router, answering ``router.memory`` with its ring like the real one."""
 
     history: list[dict[str, Any]] = []
 
-    async def router_snapshot(self, message: dict[str, Any]) -> None:
-        if message.get("what") == "memory":
-            body = {"memory": self.history}
-            await self._reply(message, bridge.result(message["request_id"], body))
-        else:
-            await super().router_snapshot(message)
+    async def router_memory(self, message: dict[str, Any]) -> None:
+        body = {"memory": self.history}
+        await self._reply(message, bridge.result(message["request_id"], body))
 
 
 @pytest.fixture
@@ -245,8 +242,8 @@ class TestRouterJobs:
         fake.history = ring(now - 200, 200, used=4 << 30, rss=1 << 30)
         written = await sync_to_async(tasks.roll_up_memory, thread_sensitive=False)(client)
         assert written >= 4 and await MemoryRollup.objects.acount() == written
-        message = await fake.wait_for("router.snapshot")
-        assert message["what"] == "memory"
+        await fake.wait_for("router.memory")
+        assert fake.of_type("router.snapshot") == []  # the ring, not the whole snapshot
 
     async def test_the_rollup_job_skips_a_router_that_does_not_answer(self) -> None:
         client = RouterClient(InMemoryChannelLayer(), timeout=0.2)
