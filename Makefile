@@ -36,7 +36,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy routerpanel/router
+	$(VENV)/bin/mypy routerpanel models_app
 
 clean:
 	rm -rf $(VENV)
