@@ -54,7 +54,6 @@ DOWN: frozenset[ModelState] = frozenset({UNLOADED, FAILED, QUARANTINED})
 FAILED_STATES: frozenset[ModelState] = frozenset({FAILED, QUARANTINED, STUCK})
 
 
-
 def browser_sets() -> dict[str, list[str]]:
     """The state sets the panel's scripts use, rendered into every page (one source of truth)."""
     sets = {"RUNNING": RUNNING, "STOPPABLE": STOPPABLE, "DOWN": DOWN, "SERVABLE": SERVABLE}

@@ -47,7 +47,6 @@ class TestEnvint:
         with pytest.raises(EnvError, match="must be at least 0"):
             envint("N", 4, {"N": "-1"}, minimum=0)
 
-
     def test_an_unset_variable_may_mean_none(self) -> None:
         assert envint("N", None, {}) is None
         assert envint("N", None, {"N": "0"}) == 0
