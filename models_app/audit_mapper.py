@@ -35,7 +35,7 @@ Row = dict[str, Any]
 
 STOP_GRACE = 60.0  # seconds past a stop-timeout before a stop row is written without its exit
 AFTER_EXIT = 30.0  # seconds after the exit to wait for memory after and the settle gate
-LAST_LINES = 20  # log lines of a failed child kept in a row's details
+AUDIT_TAIL_LINES = 20  # of the supervisor's last lines (30), the ones an audit row keeps
 
 STOP_KINDS = {
     StopReason.EVICTION: AuditKind.EVICTION,
@@ -167,7 +167,7 @@ class AuditMapper:
             row.update(actor=d["loaded_for"], load_seconds=d.get("load_seconds"))
             self._emit(row)
         elif to == "quarantined":
-            details = {"last_lines": list(d.get("log_tail") or [])[-LAST_LINES:]}
+            details = {"last_lines": list(d.get("log_tail") or [])[-AUDIT_TAIL_LINES:]}
             self._row(seq, t, AuditKind.QUARANTINE, d, {}, details=details)
 
     def _stopping_started(
@@ -518,4 +518,6 @@ def _requests(n: int) -> str:
 
 def _exit_details(d: dict[str, Any]) -> dict[str, Any]:
     keys = ("pid", "signal", "duration", "expected", "was_ready", "stop_seconds")
-    return {k: d.get(k) for k in keys} | {"last_lines": (d.get("last_lines") or [])[-LAST_LINES:]}
+    return {k: d.get(k) for k in keys} | {
+        "last_lines": (d.get("last_lines") or [])[-AUDIT_TAIL_LINES:]
+    }

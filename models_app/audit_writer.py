@@ -28,7 +28,7 @@ from django.db import DatabaseError, DataError, IntegrityError, close_old_connec
 from models_app.audit_journal import DIR_NAME, LEGACY_SPOOL, Journal, JournalReader, final, pending
 from models_app.audit_mapper import (
     AFTER_EXIT,
-    LAST_LINES,
+    AUDIT_TAIL_LINES,
     STOP_GRACE,
     AuditMapper,
     Row,
@@ -40,7 +40,7 @@ from routerpanel.router.engine import Engine
 from routerpanel.router.feed import EngineEvent
 
 __all__ = [
-    "LAST_LINES", "AuditMapper", "AuditWriter", "DatabaseUnavailable", "new_router_id",
+    "AUDIT_TAIL_LINES", "AuditMapper", "AuditWriter", "DatabaseUnavailable", "new_router_id",
     "stop_reason", "store_rows",
 ]  # fmt: skip
 
