@@ -33,8 +33,8 @@ from channels.layers import InMemoryChannelLayer
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore, KeyTable
 from models_app.bridge import RouterClient
-from tests.app.fake_router import FakeRouter
 from tests.serving import llama_server_stand_in
+from tests.support.fake_router import FakeRouter
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0  # generous: the machine is small and busy

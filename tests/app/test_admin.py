@@ -7,24 +7,9 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from models_app.models import Preset
+from tests.support.admin import FORM
 
 pytestmark = pytest.mark.django_db
-
-FORM = {
-    "name": "org/tiny:q8_0",
-    "aliases": '["tiny"]',
-    "model_path": "/models/tiny.gguf",
-    "enabled": "on",
-    "args": '[["ctx-size", "4096"]]',
-    "env": "[]",
-    "stop_timeout": "15",
-    "load_on_startup": "unknown",
-    "pinned": "unknown",
-    "ttl": "",
-    "load_timeout": "",
-    "memory_estimate": "",
-    "server_bin": "",
-}
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from models_app.api.auth import KeyStore, KeyTable, digest
 from models_app.bridge import RouterClient
 from models_app.models import ApiKey, RouterSettings
 from tests.app.conftest import AsgiClient, django_stand_in
-from tests.app.fake_router import FakeRouter, Grant
+from tests.support.fake_router import FakeRouter, Grant
 
 UNAUTHORIZED = b'{"error":{"message":"Invalid API Key","type":"authentication_error","code":401}}'
 SECRET = "rp-test-secret-0123456789"

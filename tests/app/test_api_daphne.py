@@ -37,7 +37,7 @@ from django.core.asgi import get_asgi_application
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore, KeyTable
 from models_app.bridge import RouterClient
-from tests.app.fake_router import FakeRouter, Grant, QueueThenGrant
+from tests.support.fake_router import FakeRouter, Grant, QueueThenGrant
 
 layer = InMemoryChannelLayer()
 fake = FakeRouter(layer)

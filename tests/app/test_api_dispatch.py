@@ -7,7 +7,7 @@ import re
 import pytest
 
 from tests.app.conftest import AsgiClient
-from tests.app.fake_router import FakeRouter, Grant
+from tests.support.fake_router import FakeRouter, Grant
 
 NOT_FOUND = b'{"error":{"message":"File Not Found","type":"not_found_error","code":404}}'
 JSON_TYPE = "application/json; charset=utf-8"

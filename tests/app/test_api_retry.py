@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from models_app.api import Api
 from tests.app.conftest import AsgiClient, ScriptedUpstream
-from tests.app.fake_router import FakeRouter, Grant
+from tests.support.fake_router import FakeRouter, Grant
 
 
 async def tokenize(client: AsgiClient, content: str) -> tuple[int, bytes]:

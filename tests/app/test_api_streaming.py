@@ -13,7 +13,7 @@ import time
 import httpx
 
 from tests.app.conftest import AsgiClient, ScriptedUpstream, SimServer
-from tests.app.fake_router import FakeRouter, Grant, QueueThenGrant
+from tests.support.fake_router import FakeRouter, Grant, QueueThenGrant
 
 DEADLINE = 30.0
 

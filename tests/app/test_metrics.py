@@ -19,7 +19,7 @@ from routerpanel.router.commands import MemorySampled
 from routerpanel.router.memory import ChildMemory, SystemMemory
 from routerpanel.router.supervisor import ChildExited
 from tests.app.conftest import AsgiClient, django_stand_in
-from tests.app.fake_router import FakeRouter
+from tests.support.fake_router import FakeRouter
 from tests.unit import test_engine
 from tests.unit.test_engine import Harness, engine_config
 

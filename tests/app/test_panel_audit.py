@@ -14,7 +14,7 @@ from django.utils import timezone
 from models_app.models import AuditEvent, AuditKind
 from models_app.views.audit_log import PAGE_SIZE
 
-pytest_plugins = ("tests.app.test_panel_support",)
+pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db
 
 

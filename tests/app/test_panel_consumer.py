@@ -18,9 +18,9 @@ from models_app.consumers import CLOSE_FORBIDDEN, DashboardConsumer
 from models_app.models import AuditEvent, AuditKind
 from models_app.roles import Role, set_role
 from models_app.views import common
-from tests.app.test_panel_support import RouterStub, make_user, model_row
+from tests.support.panel import RouterStub, make_user, model_row
 
-pytest_plugins = ("tests.app.test_panel_support",)
+pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TIMEOUT = 10.0  # generous: a small, busy machine

@@ -10,9 +10,9 @@ from django.test import Client
 from django.utils import timezone
 
 from models_app.models import AuditEvent, AuditKind, MemoryRollup, Preset
-from tests.app.test_panel_support import RouterStub, model_row
+from tests.support.panel import RouterStub, model_row
 
-pytest_plugins = ("tests.app.test_panel_support",)
+pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db
 
 

@@ -10,9 +10,9 @@ from django.utils import timezone
 
 from models_app.models import ApiKey, hash_api_key
 from models_app.roles import Role, role_of
-from tests.app.test_panel_support import make_user
+from tests.support.panel import make_user
 
-pytest_plugins = ("tests.app.test_panel_support",)
+pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db
 
 

@@ -12,9 +12,9 @@ from django.test import Client
 
 from models_app.models import ApiKey, AuditEvent, AuditKind, Preset
 from models_app.roles import Role, ensure_groups, role_of, set_role
-from tests.app.test_panel_support import PASSWORD, RouterStub, client_for, make_user, model_row
+from tests.support.panel import PASSWORD, RouterStub, client_for, make_user, model_row
 
-pytest_plugins = ("tests.app.test_panel_support",)
+pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db
 
 

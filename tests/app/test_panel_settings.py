@@ -9,9 +9,9 @@ import pytest
 from django.test import Client
 
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
-from tests.app.test_panel_support import RouterStub
+from tests.support.panel import RouterStub
 
-pytest_plugins = ("tests.app.test_panel_support",)
+pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db
 
 

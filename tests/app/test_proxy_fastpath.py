@@ -16,7 +16,7 @@ import pytest
 from models_app.api import Api, ApiConfig
 from models_app.api.upstream import ChildPool
 from tests.app.conftest import DEADLINE, AsgiClient, ScriptedUpstream
-from tests.app.fake_router import FakeRouter, Grant
+from tests.support.fake_router import FakeRouter, Grant
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

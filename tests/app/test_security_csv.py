@@ -18,7 +18,7 @@ from models_app.api.request import request_id_from
 from models_app.models import AuditEvent, AuditKind
 from models_app.security import csv_cell
 
-pytest_plugins = ("tests.app.test_panel_support",)
+pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db
 
 

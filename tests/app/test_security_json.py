@@ -21,7 +21,7 @@ from models_app.api import jsonbody
 from models_app.api.app import route_table
 from models_app.api.errors import ApiError, error_body
 from tests.app.conftest import AsgiClient, Call, ScriptedUpstream
-from tests.app.fake_router import FakeRouter, Grant
+from tests.support.fake_router import FakeRouter, Grant
 
 JSON_TYPE = "application/json; charset=utf-8"
 DEEP = b"[" * 100_000

@@ -22,9 +22,9 @@ from django.utils import timezone
 from models_app import signin
 from models_app.models import AuditEvent, AuditKind
 from models_app.roles import Role
-from tests.app.test_panel_support import PASSWORD, client_for, make_user
+from tests.support.panel import PASSWORD, client_for, make_user
 
-pytest_plugins = ("tests.app.test_panel_support",)
+pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db
 
 LIMIT = 5  # the default ROUTERPANEL_LOGIN_FAILURE_LIMIT

@@ -17,9 +17,9 @@ from django.test import Client, override_settings
 
 from models_app import security
 from models_app.roles import Role
-from tests.app.test_panel_support import RouterStub, make_user, model_row
+from tests.support.panel import RouterStub, make_user, model_row
 
-pytest_plugins = ("tests.app.test_panel_support",)
+pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TIMEOUT = 10.0

@@ -14,13 +14,13 @@ from asgiref.sync import sync_to_async
 from channels.layers import InMemoryChannelLayer
 from django_celery_beat.models import PeriodicTask
 
-from models_app import bridge, tasks
+from models_app import tasks
 from models_app.audit import purge_expired
 from models_app.bridge import RouterClient
 from models_app.models import AuditEvent, AuditKind, MemoryRollup, Preset, RouterSettings
 from routerpanel.router import gguf
-from tests.app.fake_router import FakeRouter
 from tests.llama.ggufgen import FAKE_VOCAB_SIZE, write_tiny_llama
+from tests.support.fake_router import MemoryRouter, ring
 
 MIB = 1 << 20
 
@@ -163,23 +163,6 @@ class TestRetention:
         assert audit_row.details["deleted"] == 2 and audit_row.actor == "retention"
 
 
-def ring(start: float, seconds: int, *, used: int, rss: int) -> list[dict[str, Any]]:
-    """A memory ring like memory_history(): one sample a second; used and rss grow by 1 MiB."""
-    samples = []
-    for n in range(seconds):
-        system = {
-            "total": 64 << 30,
-            "available": (64 << 30) - used - n * MIB,
-            "used": used + n * MIB,
-            "swap_total": 0,
-            "swap_used": 5 * MIB,
-            "wired": None,
-        }
-        children = {"m": {"pid": 10, "rss": rss + n * MIB}} if n % 2 == 0 else {}
-        samples.append({"time": start + n, "system": system, "children": children})
-    return samples
-
-
 @pytest.mark.django_db
 class TestMemoryRollups:
     START = 1_780_000_040.0  # hh:mm:20: the first minute is partial
@@ -214,16 +197,6 @@ class TestMemoryRollups:
 
 def _minute(t: float) -> datetime:
     return datetime.fromtimestamp(int(t // 60) * 60, tz=UTC)
-
-
-class MemoryRouter(FakeRouter):
-    """The fake router, answering ``router.memory`` with its ring like the real one."""
-
-    history: list[dict[str, Any]] = []
-
-    async def router_memory(self, message: dict[str, Any]) -> None:
-        body = {"memory": self.history}
-        await self._reply(message, bridge.result(message["request_id"], body))
 
 
 @pytest.fixture

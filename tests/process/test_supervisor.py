@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import httpx
 import psutil  # type: ignore[import-untyped, unused-ignore]
@@ -29,59 +28,13 @@ from routerpanel.router.supervisor import (
     ChildStarted,
     ChildState,
     ChildStuck,
-    LogLine,
     SpawnError,
     Supervisor,
-    SupervisorEvent,
     pick_free_port,
     reap_leftovers,
 )
 from routerpanel.router.supervisor import output as supervisor_module  # where _poll looks it up
-
-E = TypeVar("E", bound=SupervisorEvent)
-WAIT = 60.0  # generous: the machine is small and busy
-PROJECT = Path(__file__).resolve().parents[2]
-
-
-def sim(*flags: str) -> list[str]:
-    return [sys.executable, "-m", "routerpanel.router.simserver", "-m", "tiny.gguf", *flags]
-
-
-def inline(script: str, *args: str) -> list[str]:
-    return [sys.executable, "-c", script, *args]
-
-
-class Recorder:
-    """Collect posted events with the monotonic time they arrived."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[float, SupervisorEvent]] = []
-        self._changed = asyncio.Event()
-
-    def post(self, event: SupervisorEvent) -> None:
-        self.events.append((time.monotonic(), event))
-        self._changed.set()
-
-    def of(self, kind: type[E]) -> list[E]:
-        return [e for _, e in self.events if isinstance(e, kind)]
-
-    def find(self, kind: type[E], **fields: Any) -> tuple[float, E] | None:
-        for at, event in self.events:
-            if isinstance(event, kind) and all(getattr(event, k) == v for k, v in fields.items()):
-                return at, event
-        return None
-
-    async def wait_for(
-        self, kind: type[E], timeout: float = WAIT, **fields: Any
-    ) -> tuple[float, E]:
-        async with asyncio.timeout(timeout):
-            while (found := self.find(kind, **fields)) is None:
-                self._changed.clear()
-                await self._changed.wait()
-        return found
-
-    def texts(self, stream: str | None = None) -> list[str]:
-        return [e.text for e in self.of(LogLine) if stream is None or e.stream == stream]
+from tests.support.supervisor import PROJECT, WAIT, Recorder, inline, sim
 
 
 @pytest.fixture

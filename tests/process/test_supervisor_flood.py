@@ -13,7 +13,7 @@ import pytest
 from routerpanel.router.probe import read_slots
 from routerpanel.router.supervisor import ChildReady, LogLine, Supervisor
 from routerpanel.router.supervisor.flood import BURST, RATE
-from tests.process.test_supervisor import PROJECT, Recorder, sim
+from tests.support.supervisor import PROJECT, Recorder, sim
 
 
 @pytest.fixture(autouse=True)

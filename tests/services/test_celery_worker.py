@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from tests.app.test_tasks import MemoryRouter, ring
 from tests.llama.ggufgen import write_tiny_llama
+from tests.support.fake_router import MemoryRouter, ring
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = str(Path(sys.executable).with_name("celery"))

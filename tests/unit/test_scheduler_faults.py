@@ -7,7 +7,7 @@ import pytest
 from routerpanel.router.backoff import CRASH_WINDOW, MAX_DELAY, CrashLoop
 from routerpanel.router.decisions import BackedOff, Kill, Reject, RequestKind, StopReason
 from routerpanel.router.states import ModelState
-from tests.unit.test_scheduler import granted, of, preset, rejected, sched, spawned, stopped
+from tests.support.scheduler import granted, of, preset, rejected, sched, spawned, stopped
 
 S = ModelState
 

@@ -306,3 +306,33 @@ class FakeRouter:
     async def _error(self, message: dict[str, Any], status: int, text: str, kind: str) -> None:
         body = {"error": bridge.error_body(status, text, kind)}
         await self._reply(message, bridge.result(message["request_id"], body, status))
+
+
+MIB = 1 << 20
+
+
+def ring(start: float, seconds: int, *, used: int, rss: int) -> list[dict[str, Any]]:
+    """A memory ring like memory_history(): one sample a second; used and rss grow by 1 MiB."""
+    samples = []
+    for n in range(seconds):
+        system = {
+            "total": 64 << 30,
+            "available": (64 << 30) - used - n * MIB,
+            "used": used + n * MIB,
+            "swap_total": 0,
+            "swap_used": 5 * MIB,
+            "wired": None,
+        }
+        children = {"m": {"pid": 10, "rss": rss + n * MIB}} if n % 2 == 0 else {}
+        samples.append({"time": start + n, "system": system, "children": children})
+    return samples
+
+
+class MemoryRouter(FakeRouter):
+    """The fake router, answering ``router.memory`` with its ring like the real one."""
+
+    history: list[dict[str, Any]] = []
+
+    async def router_memory(self, message: dict[str, Any]) -> None:
+        body = {"memory": self.history}
+        await self._reply(message, bridge.result(message["request_id"], body))
