@@ -111,7 +111,12 @@ class FakeSupervisor(Supervisor):
         return [c[1] for c in self.calls if c[0] == "spawn"]
 
     def stopped(self) -> list[str]:
-        return [c[1] for c in self.calls if c[0] in ("stop", "kill")]
+        """Models asked to stop gracefully (the exit command, then SIGKILL at the deadline)."""
+        return [c[1] for c in self.calls if c[0] == "stop"]
+
+    def killed(self) -> list[str]:
+        """Models SIGKILLed at once (S4: a loading child; a hung one)."""
+        return [c[1] for c in self.calls if c[0] == "kill"]
 
 
 def preset(name: str, **kw: Any) -> PresetSpec:
@@ -267,7 +272,7 @@ class TestGrantQueueEvict:
         await h.engine.acquire("b", request_id="recent")
         h.acquire("c")
         await h.idle()
-        assert h.sup.stopped() == []  # both busy: wait, never poll
+        assert h.sup.stopped() == h.sup.killed() == []  # both busy: wait, never poll
         h.engine.release(busy.lease_id)
         await h.idle()
         assert h.sup.stopped() == ["a"]
@@ -288,7 +293,7 @@ class TestGrantQueueEvict:
         for lease in held:
             h.engine.release(lease.lease_id)
         await h.idle()
-        assert h.sup.stopped() == [] and h.sup.spawned() == ["a", "b"]
+        assert h.sup.stopped() == h.sup.killed() == [] and h.sup.spawned() == ["a", "b"]
 
     @engine_config("a", "b", "c", "d", models_max=2)
     async def test_a_cancelled_entry_lets_the_next_one_take_the_slot(self, h: Harness) -> None:
@@ -535,7 +540,7 @@ class TestTime:
         h.clock.advance(59)
         h.engine.clock_changed()
         await h.idle()
-        assert h.sup.stopped() == []
+        assert h.sup.stopped() == h.sup.killed() == []
         h.clock.advance(1)
         h.engine.clock_changed()
         await h.idle()
@@ -682,7 +687,7 @@ class TestStartAndShutdown:
         assert sup.spawned() == ["a"]
         shutdown = asyncio.create_task(engine.shutdown())
         await engine.until_idle()
-        assert sup.stopped() == ["a"]  # a loading child is killed at once (S4)
+        assert (sup.killed(), sup.stopped()) == (["a"], [])  # loading: killed at once (S4)
         sup.exit("a", code=None, signal=9)
         await asyncio.wait_for(shutdown, 5)
 
