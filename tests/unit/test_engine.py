@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from routerpanel.router.commands import MemorySampled
-from routerpanel.router.config import PresetSpec, RouterConfig
+from routerpanel.router.config import PresetSpec, RouterConfig, StartupError
 from routerpanel.router.engine import Engine, EngineEvent, Lease, RouterError
 from routerpanel.router.memory import ChildMemory, SystemMemory
 from routerpanel.router.supervisor import (
@@ -727,7 +727,8 @@ class TestStartAndShutdown:
     async def test_more_startup_models_than_models_max_refuse_to_start(self) -> None:
         specs = [preset(n, load_on_startup=True) for n in ("a", "b", "c")]
         engine, sup, _ = await make(*specs, start=False, models_max=2)
-        with pytest.raises(ValueError, match=r"load on startup \(3\) exceeds models_max \(2\)"):
+        refusal = r"^number of models to load on startup \(3\) exceeds models_max \(2\)$"
+        with pytest.raises(StartupError, match=refusal):
             await engine.start()
         assert sup.spawned() == []
 
