@@ -6,6 +6,7 @@ port, is stopped with SIGTERM (then SIGKILL) at teardown, and leaves no child be
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -140,6 +141,10 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
 def simserver_processes(marker: str, root: int | None = None) -> list[psutil.Process]:
     """Live simulated servers started from presets tagged with ``marker``; only descendants of
     ``root`` when given (much cheaper than scanning every process)."""
+    return [proc for proc, _ in _simservers(marker, root)]
+
+
+def _simservers(marker: str, root: int | None) -> list[tuple[psutil.Process, list[str]]]:
     if root is None:
         candidates = list(psutil.process_iter())
     else:
@@ -154,12 +159,27 @@ def simserver_processes(marker: str, root: int | None = None) -> list[psutil.Pro
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         if "routerpanel.router.simserver" in cmdline and marker in cmdline:
-            found.append(proc)
+            found.append((proc, cmdline))
     return found
 
 
+def alias_of(cmdline: list[str]) -> str | None:
+    """The model a child serves: the router passes its name as ``--alias``."""
+    for flag, value in itertools.pairwise(cmdline):
+        if flag == "--alias":
+            return value
+    return None
+
+
 class LiveChildSampler:
-    """Count this test's live children every few milliseconds, in a thread; keep the maximum."""
+    """Count this test's live children every few milliseconds, in a thread; keep the maximum
+    and the models (``--alias``) of every child it saw.
+
+    Read the result with ``saw()``: a sampler that barely ran, or a marker that matches no
+    child, would otherwise make "never more than N children" pass on nothing.
+    """
+
+    MIN_SAMPLES = 20
 
     def __init__(self, marker: str, root: int | None = None, interval: float = 0.005) -> None:
         import threading
@@ -169,6 +189,7 @@ class LiveChildSampler:
         self.interval = interval
         self.maximum = 0
         self.samples = 0
+        self.seen: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -180,8 +201,15 @@ class LiveChildSampler:
         self._stop.set()
         self._thread.join(10)
 
+    def saw(self) -> tuple[int, set[str]]:
+        """Return (the peak of live children, the models seen); fail unless it really sampled."""
+        assert self.samples >= self.MIN_SAMPLES, f"the sampler took only {self.samples} samples"
+        return self.maximum, set(self.seen)
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.maximum = max(self.maximum, len(simserver_processes(self.marker, self.root)))
+            live = _simservers(self.marker, self.root)
+            self.maximum = max(self.maximum, len(live))
+            self.seen.update(name for _, cmdline in live if (name := alias_of(cmdline)))
             self.samples += 1
             self._stop.wait(self.interval)

@@ -31,6 +31,9 @@ def test_children_get_every_llama_arg_but_the_routers_own(tmp_path: Path) -> Non
         ["serve", "--models-preset", str(ini)], tmp_path / "data", port=free_port(), env=env
     ) as server:
         client = server.client(headers={"Authorization": "Bearer sk-router-only"})
+        # serve took its own variables (the stored default is 4), and kept them from the child
+        assert client.get("/props").json()["max_instances"] == 3
+        assert server.client().get("/v1/models").status_code == 401  # LLAMA_API_KEY is in force
         assert client.post("/models/load", json={"model": "m"}).status_code == 200
         pid = server.process.pid
         wait_until(lambda: len(simserver_processes(marker, pid)) == 1, 30, "the child")

@@ -2,7 +2,9 @@
 
 Each test starts RouterPanel as a user would (an INI preset file, ``--models-max``), drives it
 over HTTP from several threads, and reads the order of events from ``/models/sse``. A sampler
-counts the live children every 5 ms: never more than ``models_max``.
+counts the live children every 5 ms and names the models it saw: exactly the peak each scenario
+must reach (never more than ``models_max``), and only the models it must start. Every response a
+test sends is checked.
 """
 
 from __future__ import annotations
@@ -84,13 +86,14 @@ def test_a_busy_model_is_not_evicted_and_the_queued_request_waits(serve: object)
     with serve(presets, 1) as server, LiveChildSampler(marker, server.process.pid) as sampler:  # type: ignore[operator]
         sse = SseLog(server.url).start()
         done: dict[str, float] = {}
+        streamed: dict[str, object] = {}
 
         def long_stream() -> None:
             with httpx.stream(
                 "POST", f"{server.url}/v1/chat/completions", json=chat("a", 20, True), timeout=60
             ) as response:
-                body = b"".join(response.iter_bytes())
-            assert b"[DONE]" in body  # the busy stream was not cut short
+                streamed["status"] = response.status_code
+                streamed["body"] = b"".join(response.iter_bytes())
             done["a"] = time.monotonic()
 
         thread = threading.Thread(target=long_stream)
@@ -100,8 +103,10 @@ def test_a_busy_model_is_not_evicted_and_the_queued_request_waits(serve: object)
         done["b"] = time.monotonic()
         thread.join(60)
         assert response.status_code == 200
+        assert streamed["status"] == 200
+        assert b"[DONE]" in streamed["body"]  # type: ignore[operator]  # not cut short
         assert done["b"] > done["a"]
-        assert sampler.maximum <= 1
+        assert sampler.saw() == (1, {"a", "b"})
     assert sse.statuses("unloaded")[:1] == ["a"]
 
 
@@ -127,7 +132,7 @@ def test_three_waiters_for_one_model_share_one_eviction(serve: object) -> None:
         for thread in threads:
             thread.join(60)
         assert results == [200, 200, 200]
-        assert sampler.maximum <= 1
+        assert sampler.saw() == (1, {"a", "b"})
     spawns_of_b = [m for m, event, _ in sse.events if m == "b" and event == "model_status"]
     assert len(spawns_of_b) == 1
     assert sse.statuses("unloaded").count("a") == 1
@@ -138,11 +143,14 @@ def test_a_client_that_leaves_the_queue_costs_nobody_their_slot(serve: object) -
     presets = (
         sim_preset("a", marker, token_ms=100) + sim_preset("b", marker) + sim_preset("c", marker)
     )
-    with serve(presets, 1) as server:  # type: ignore[operator]
+    with serve(presets, 1) as server, LiveChildSampler(marker, server.process.pid) as sampler:  # type: ignore[operator]
         sse = SseLog(server.url).start()
+        streamed: list[httpx.Response] = []
         streamer = threading.Thread(
-            target=lambda: httpx.post(
-                f"{server.url}/v1/chat/completions", json=chat("a", 15, True), timeout=60
+            target=lambda: streamed.append(
+                httpx.post(
+                    f"{server.url}/v1/chat/completions", json=chat("a", 15, True), timeout=60
+                )
             )
         )
         streamer.start()
@@ -152,6 +160,9 @@ def test_a_client_that_leaves_the_queue_costs_nobody_their_slot(serve: object) -
         response = httpx.post(f"{server.url}/v1/chat/completions", json=chat("c"), timeout=60)
         streamer.join(60)
         assert response.status_code == 200
+        (stream,) = streamed
+        assert stream.status_code == 200 and b"[DONE]" in stream.content  # a was not cut short
+        assert sampler.saw() == (1, {"a", "c"})  # b's child never existed
     assert "b" not in sse.statuses("loading")
     assert "c" in sse.statuses("loading")
 
@@ -174,20 +185,23 @@ def test_the_queue_is_fifo(serve: object) -> None:
     presets = "".join(sim_preset(n, marker, token_ms=60 if n == "a" else 0) for n in "abcd")
     with serve(presets, 1) as server, LiveChildSampler(marker, server.process.pid) as sampler:  # type: ignore[operator]
         sse = SseLog(server.url).start()
-        threads = [
-            threading.Thread(
-                target=httpx.post,
-                args=(f"{server.url}/v1/chat/completions",),
-                kwargs={"json": chat(name, 40 if name == "a" else 2, name == "a"), "timeout": 60},
-            )
-            for name in "abcd"
-        ]
+        answers: dict[str, httpx.Response] = {}
+
+        def post(name: str) -> None:
+            body = chat(name, 40 if name == "a" else 2, name == "a")
+            url = f"{server.url}/v1/chat/completions"
+            answers[name] = httpx.post(url, json=body, timeout=60)
+
+        threads = [threading.Thread(target=post, args=(name,)) for name in "abcd"]
         for name, thread in zip("abcd", threads, strict=True):
             thread.start()
             wait_until(lambda name=name: arrived(server.url, name))  # arrival order a, b, c, d
         for thread in threads:
             thread.join(60)
-        assert sampler.maximum <= 1
+        assert {name: r.status_code for name, r in answers.items()} == dict.fromkeys("abcd", 200)
+        assert b"[DONE]" in answers["a"].content  # the stream ahead of the queue ran to its end
+        assert all(answers[name].json()["model"] == name for name in "bcd")
+        assert sampler.saw() == (1, {"a", "b", "c", "d"})
     assert sse.statuses("loading") == ["a", "b", "c", "d"]
 
 
@@ -216,7 +230,7 @@ def test_two_waiters_that_find_the_same_idle_victims_are_both_served(serve: obje
         for thread in threads:
             thread.join(60)
         assert results == {"c": 200, "d": 200}
-        assert sampler.maximum <= 2
+        assert sampler.saw() == (2, {"a", "b", "c", "d"})
         listed = httpx.get(f"{server.url}/v1/models").json()["data"]
         running = sorted(m["id"] for m in listed if m["status"]["value"] == "loaded")
         assert running == ["c", "d"]

@@ -19,7 +19,10 @@ REDIS_URL = os.environ.get("ROUTERPANEL_TEST_REDIS", "redis://127.0.0.1:6379/15"
 
 @pytest.fixture
 def pg_database() -> Iterator[str]:
-    psycopg = pytest.importorskip("psycopg")
+    try:
+        import psycopg
+    except ImportError as exc:  # importorskip would skip even under CI=true
+        missing(f"psycopg is not installed (pip install -e '.[test]'): {exc}")
     name = f"rp_test_{uuid.uuid4().hex[:10]}"
     try:
         admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
@@ -37,8 +40,10 @@ def pg_database() -> Iterator[str]:
 @pytest.fixture
 def redis_url() -> str:
     """A Redis database of its own (1-14), flushed, so tests never see each other's keys."""
-    import redis
-
+    try:
+        import redis
+    except ImportError as exc:
+        missing(f"redis (the Python client) is not installed (pip install -e '.[test]'): {exc}")
     url = REDIS_URL.rsplit("/", 1)[0] + f"/{random.randint(1, 14)}"
     try:
         redis.Redis.from_url(url, socket_connect_timeout=2).flushdb()

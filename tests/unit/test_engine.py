@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from routerpanel.router.commands import MemorySampled
-from routerpanel.router.config import PresetSpec, RouterConfig
+from routerpanel.router.config import PresetSpec, RouterConfig, StartupError
 from routerpanel.router.engine import Engine, EngineEvent, Lease, RouterError
 from routerpanel.router.memory import ChildMemory, SystemMemory
 from routerpanel.router.supervisor import (
@@ -111,7 +111,12 @@ class FakeSupervisor(Supervisor):
         return [c[1] for c in self.calls if c[0] == "spawn"]
 
     def stopped(self) -> list[str]:
-        return [c[1] for c in self.calls if c[0] in ("stop", "kill")]
+        """Models asked to stop gracefully (the exit command, then SIGKILL at the deadline)."""
+        return [c[1] for c in self.calls if c[0] == "stop"]
+
+    def killed(self) -> list[str]:
+        """Models SIGKILLed at once (S4: a loading child; a hung one)."""
+        return [c[1] for c in self.calls if c[0] == "kill"]
 
 
 def preset(name: str, **kw: Any) -> PresetSpec:
@@ -153,9 +158,9 @@ class Harness:
 
 
 async def make(
-    *models: str | PresetSpec, start: bool = True, **config: Any
+    *models: str | PresetSpec, start: bool = True, clock: FakeClock | None = None, **config: Any
 ) -> tuple[Engine, FakeSupervisor, FakeClock]:
-    clock = FakeClock()
+    clock = clock or FakeClock()
     sups: list[FakeSupervisor] = []
 
     def factory(post: Any) -> Supervisor:
@@ -169,6 +174,23 @@ async def make(
     if start:
         await engine.start()
     return engine, sups[0], clock
+
+
+async def turns(rounds: int = 50) -> None:
+    """Let the event loop go round: on a frozen clock whatever is due runs, and nothing else."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+async def shut_down(h: Harness) -> None:
+    """Shut the engine down, playing its children's exits, without a real-time timeout."""
+    shutdown = asyncio.create_task(h.engine.shutdown())
+    await h.idle()
+    for name in list(h.sup.children):
+        h.sup.exit(name)
+    await turns()
+    assert shutdown.done()
+    await shutdown
 
 
 @pytest.fixture
@@ -267,7 +289,7 @@ class TestGrantQueueEvict:
         await h.engine.acquire("b", request_id="recent")
         h.acquire("c")
         await h.idle()
-        assert h.sup.stopped() == []  # both busy: wait, never poll
+        assert h.sup.stopped() == h.sup.killed() == []  # both busy: wait, never poll
         h.engine.release(busy.lease_id)
         await h.idle()
         assert h.sup.stopped() == ["a"]
@@ -288,7 +310,7 @@ class TestGrantQueueEvict:
         for lease in held:
             h.engine.release(lease.lease_id)
         await h.idle()
-        assert h.sup.stopped() == [] and h.sup.spawned() == ["a", "b"]
+        assert h.sup.stopped() == h.sup.killed() == [] and h.sup.spawned() == ["a", "b"]
 
     @engine_config("a", "b", "c", "d", models_max=2)
     async def test_a_cancelled_entry_lets_the_next_one_take_the_slot(self, h: Harness) -> None:
@@ -537,7 +559,7 @@ class TestTime:
         h.clock.advance(59)
         h.engine.clock_changed()
         await h.idle()
-        assert h.sup.stopped() == []
+        assert h.sup.stopped() == h.sup.killed() == []
         h.clock.advance(1)
         h.engine.clock_changed()
         await h.idle()
@@ -556,20 +578,36 @@ class TestTime:
             await task
         assert err.value.status == 503 and err.value.retry_after == 5
 
-    @engine_config(preset("a", ttl=5.0), "b", models_max=2, lease_ttl=30.0)
     async def test_the_timer_sleeps_until_the_earliest_deadline_and_then_ticks(
-        self, h: Harness
+        self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        await h.warm("a", "b")
-        h.clock.advance(1.0)
-        assert h.engine._timer.deadline == h.clock.now + 4.0  # a's ttl, not a polling period
-        lease = await h.engine.acquire("b", request_id="r")
-        assert h.engine._timer.deadline == h.clock.now + 4.0  # the lease expires later
-        h.engine.release(lease.lease_id)
-        h.clock.advance(4.0)
-        h.engine._timer.nudge()  # what the timer's own timeout does at the deadline
-        await h.idle()
-        assert h.sup.stopped() == ["a"]
+        """Nobody ticks by hand here: the event loop runs on the fake clock (as aiotools'
+        VirtualClock does), so the timer's own timeout fires once the clock passes its deadline."""
+        loop = asyncio.get_running_loop()
+        clock = FakeClock()
+        clock.now = loop.time()  # no jump: whatever the loop has scheduled keeps its meaning
+        monkeypatch.setattr(loop, "time", clock)
+        engine, sup, _ = await make(
+            preset("a", ttl=5.0), "b", models_max=2, lease_ttl=30.0, clock=clock
+        )
+        h = Harness(engine, sup, clock)
+        try:
+            await h.warm("a", "b")
+            ready = clock.now  # a's ttl runs from here
+            clock.advance(1.0)
+            lease = await engine.acquire("b", request_id="r")  # expires at +31 s, after a's ttl
+            handled = engine.processed
+            for second in (1.5, 2.5, 3.5, 4.5, 4.9):  # not a polling period: nothing runs
+                clock.advance(ready + second - clock.now)
+                await turns()
+                assert engine.processed == handled, f"the engine woke at +{second} s"
+            assert sup.stopped() == sup.killed() == []
+            clock.advance(0.2)  # past a's ttl (+5 s), long before the lease expires
+            await turns()
+            assert (sup.stopped(), sup.killed()) == (["a"], [])
+            engine.release(lease.lease_id)
+        finally:
+            await shut_down(h)
 
 
 # ---- events and snapshot --------------------------------------------------------------------
@@ -684,14 +722,15 @@ class TestStartAndShutdown:
         assert sup.spawned() == ["a"]
         shutdown = asyncio.create_task(engine.shutdown())
         await engine.until_idle()
-        assert sup.stopped() == ["a"]  # a loading child is killed at once (S4)
+        assert (sup.killed(), sup.stopped()) == (["a"], [])  # loading: killed at once (S4)
         sup.exit("a", code=None, signal=9)
         await asyncio.wait_for(shutdown, 5)
 
     async def test_more_startup_models_than_models_max_refuse_to_start(self) -> None:
         specs = [preset(n, load_on_startup=True) for n in ("a", "b", "c")]
         engine, sup, _ = await make(*specs, start=False, models_max=2)
-        with pytest.raises(ValueError, match=r"load on startup \(3\) exceeds models_max \(2\)"):
+        refusal = r"^number of models to load on startup \(3\) exceeds models_max \(2\)$"
+        with pytest.raises(StartupError, match=refusal):
             await engine.start()
         assert sup.spawned() == []
 
