@@ -47,7 +47,7 @@ INSTRUMENT = """() => {
   const apply = live.handlers.event;
   live.handlers.event = (ev, replayed) => {
     apply(ev, replayed);
-    if (replayed || ev.type !== "model.state") return;
+    if (replayed || ev.type !== window.Panel.EVENTS.MODEL_STATE) return;
     const row = { model: ev.data.model, to: ev.data.to, stopping: ev.data.stopping,
                   published: ev.time * 1000, received: window.__received, applied: wall() };
     window.__latency.push(row);

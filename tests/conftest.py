@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+# Shared helpers (tests/support) assert too: rewrite them like test modules, for clear failures.
+pytest.register_assert_rewrite("tests.support", "tests.serving")
+
 TESTS_DIR = Path(__file__).resolve().parent
 TIERS = ("unit", "app", "process", "services", "browser", "llama", "chaos")
 

@@ -10,6 +10,7 @@ from channels.layers import InMemoryChannelLayer
 
 from models_app.api.sse import LlamaEvents
 from models_app.bridge import EVENTS_GROUP
+from routerpanel.router.catalogue import Event
 from tests.app.conftest import AsgiClient, Call
 from tests.support.fake_router import FakeRouter
 
@@ -39,16 +40,20 @@ async def until_events(call: Call, count: int) -> list[dict[str, Any]]:
 
 class TestTranslation:
     def test_a_spawn_is_model_status_loading(self) -> None:
-        out = LlamaEvents().translate({"type": "model.state", "data": state("unloaded", "loading")})
+        out = LlamaEvents().translate(
+            {"type": Event.MODEL_STATE, "data": state("unloaded", "loading")}
+        )
         assert out == [{"model": "m", "event": "model_status", "data": {"status": "loading"}}]
 
     def test_a_retry_after_a_failure_is_a_spawn_too(self) -> None:
-        out = LlamaEvents().translate({"type": "model.state", "data": state("failed", "loading")})
+        out = LlamaEvents().translate(
+            {"type": Event.MODEL_STATE, "data": state("failed", "loading")}
+        )
         assert out[0]["event"] == "model_status"
 
     def test_ready_carries_the_info(self) -> None:
         data = state("loading", "loaded", info=INFO)
-        out = LlamaEvents().translate({"type": "model.state", "data": data})
+        out = LlamaEvents().translate({"type": Event.MODEL_STATE, "data": data})
         assert out == [
             {"model": "m", "event": "status_change", "data": {"status": "loaded", "info": INFO}}
         ]
@@ -56,34 +61,43 @@ class TestTranslation:
     def test_loading_progress_is_a_status_change(self) -> None:
         progress = {"stages": ["load"], "current": 0, "value": 0.5}
         data = state("loading", "loading", progress=progress)
-        out = LlamaEvents().translate({"type": "model.state", "data": data})
+        out = LlamaEvents().translate({"type": Event.MODEL_STATE, "data": data})
         assert out[0]["data"] == {"status": "loading", "progress": progress}
 
     def test_a_wake_from_sleep_is_a_status_change(self) -> None:
-        out = LlamaEvents().translate({"type": "model.state", "data": state("sleeping", "loading")})
+        out = LlamaEvents().translate(
+            {"type": Event.MODEL_STATE, "data": state("sleeping", "loading")}
+        )
         assert out == [{"model": "m", "event": "status_change", "data": {"status": "loading"}}]
 
     def test_the_exit_code_comes_from_the_exit_event_before(self) -> None:
         events = LlamaEvents()
-        exited = {"type": "model.exited", "data": {"model": "m", "exit_code": 0}}
+        exited = {"type": Event.MODEL_EXITED, "data": {"model": "m", "exit_code": 0}}
         assert events.translate(exited) == []
-        out = events.translate({"type": "model.state", "data": state("loaded", "unloaded")})
+        out = events.translate({"type": Event.MODEL_STATE, "data": state("loaded", "unloaded")})
         assert out[0]["data"] == {"status": "unloaded", "exit_code": 0}
 
     def test_a_failure_without_an_exit_code_reports_1(self) -> None:
-        out = LlamaEvents().translate({"type": "model.state", "data": state("loaded", "stuck")})
+        out = LlamaEvents().translate({"type": Event.MODEL_STATE, "data": state("loaded", "stuck")})
         assert out[0]["data"] == {"status": "unloaded", "exit_code": 1}
 
     def test_changes_llama_cpp_cannot_see_send_nothing(self) -> None:
         events = LlamaEvents()
         stopping = state("loaded", "loaded", stopping=True)
-        assert events.translate({"type": "model.state", "data": stopping}) == []
-        assert events.translate({"type": "model.state", "data": state("failed", "unloaded")}) == []
-        for kind in ("queue.changed", "memory.sample", "model.log", "model.evicted"):
+        assert events.translate({"type": Event.MODEL_STATE, "data": stopping}) == []
+        assert (
+            events.translate({"type": Event.MODEL_STATE, "data": state("failed", "unloaded")}) == []
+        )
+        for kind in (
+            Event.QUEUE_CHANGED,
+            Event.MEMORY_SAMPLE,
+            Event.MODEL_LOG,
+            Event.MODEL_EVICTED,
+        ):
             assert events.translate({"type": kind, "data": {"model": "m"}}) == []
 
     def test_a_reload_is_models_reload_for_every_model(self) -> None:
-        out = LlamaEvents().translate({"type": "presets.reloaded", "data": {"added": []}})
+        out = LlamaEvents().translate({"type": Event.PRESETS_RELOADED, "data": {"added": []}})
         assert out == [{"model": "*", "event": "models_reload"}]
 
 
@@ -96,11 +110,11 @@ class TestStream:
         assert call.header("content-type") == "text/event-stream"
         assert call.header("x-accel-buffering") == "no"
         assert call.body == b""  # no snapshot, no greeting (§10.1)
-        await router.emit("model.state", state("unloaded", "loading"))
+        await router.emit(Event.MODEL_STATE, state("unloaded", "loading"))
         progress = {"stages": ["load"], "current": 0, "value": 0.0}
-        await router.emit("model.state", state("loading", "loading", progress=progress))
-        await router.emit("queue.changed", {"entries": [], "depth": 0})
-        await router.emit("model.state", state("loading", "loaded", info=INFO))
+        await router.emit(Event.MODEL_STATE, state("loading", "loading", progress=progress))
+        await router.emit(Event.QUEUE_CHANGED, {"entries": [], "depth": 0})
+        await router.emit(Event.MODEL_STATE, state("loading", "loaded", info=INFO))
         assert await until_events(call, 3) == [
             {"model": "m", "event": "model_status", "data": {"status": "loading"}},
             {
@@ -118,10 +132,10 @@ class TestStream:
         self, client: AsgiClient, router: FakeRouter
     ) -> None:
         call = await open_stream(client)
-        await router.emit("model.state", state("loaded", "loaded", stopping=True))
-        await router.emit("model.exited", {"model": "m", "exit_code": 0, "clean": True})
-        await router.emit("model.state", state("loaded", "unloaded"))
-        await router.emit("presets.reloaded", {"added": ["n"], "removed": [], "changed": []})
+        await router.emit(Event.MODEL_STATE, state("loaded", "loaded", stopping=True))
+        await router.emit(Event.MODEL_EXITED, {"model": "m", "exit_code": 0, "clean": True})
+        await router.emit(Event.MODEL_STATE, state("loaded", "unloaded"))
+        await router.emit(Event.PRESETS_RELOADED, {"added": ["n"], "removed": [], "changed": []})
         assert await until_events(call, 2) == [
             {
                 "model": "m",
@@ -155,7 +169,7 @@ class TestStream:
         self, client: AsgiClient, router: FakeRouter
     ) -> None:
         calls = [await open_stream(client) for _ in range(3)]
-        await router.emit("model.state", state("unloaded", "loading"))
+        await router.emit(Event.MODEL_STATE, state("unloaded", "loading"))
         for call in calls:
             assert (await until_events(call, 1))[0]["event"] == "model_status"
             call.disconnect()

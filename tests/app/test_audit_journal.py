@@ -17,6 +17,7 @@ import pytest
 from models_app.audit_journal import DIR_NAME
 from models_app.audit_writer import AuditWriter, DatabaseUnavailable, store_rows
 from models_app.models import AuditEvent, AuditKind
+from routerpanel.router.catalogue import Event
 from routerpanel.router.engine import EngineEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,7 +46,7 @@ class Switch:
 
 def lease_event(seq: int) -> EngineEvent:
     data = {"lease_id": f"l{seq}", "request_id": f"r{seq}", "model": "m"}
-    return EngineEvent(seq, "lease.expired", time.time(), data)
+    return EngineEvent(seq, Event.LEASE_EXPIRED, time.time(), data)
 
 
 def stored(router_id: str) -> list[int]:
@@ -173,7 +174,7 @@ def test_a_stop_row_still_waiting_when_its_router_dies_is_stored_incomplete(
     state = {"model": "m", "from": "loaded", "to": "loaded", "stopping": True, "action": "stop",
              "stop_reason": "unload", "stop_timeout": 10, "trigger": {"actor": "user:bob"},
              "reason": "unload by user:bob"}  # fmt: skip
-    first(EngineEvent(5, "model.state", time.time(), state))
+    first(EngineEvent(5, Event.MODEL_STATE, time.time(), state))
     assert journaled(first, pending=True) == [5]  # on disk before the stop is carried out
     first.journal.close()  # kill -9: no close(), no thread ever ran
     second = AuditWriter(journal, router_id="boot-2", store=switch, interval=0.01).start()
@@ -202,7 +203,7 @@ def test_segments_rotate_and_each_row_is_stored_once(tmp_path: Path, switch: Swi
 
 def test_a_row_with_overlong_text_is_clipped_to_its_column(writer: AuditWriter) -> None:
     data = {"lease_id": "x", "request_id": "r" * 500, "model": "m" * 300}
-    writer(EngineEvent(1, "lease.expired", time.time(), data))
+    writer(EngineEvent(1, Event.LEASE_EXPIRED, time.time(), data))
     assert writer.flush(10)
     row = AuditEvent.objects.get(router_id="r1")
     assert len(row.model) == 200 and len(row.trigger_request) == 200

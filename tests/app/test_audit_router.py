@@ -18,12 +18,13 @@ import pytest
 
 from models_app.audit_writer import AuditWriter
 from models_app.models import AuditEvent, AuditKind
+from routerpanel.router.catalogue import Event
 from routerpanel.router.commands import MemorySampled
 from routerpanel.router.config import PresetSpec, RouterConfig
 from routerpanel.router.engine import Engine, EngineEvent
 from routerpanel.router.memory import ChildMemory, SystemMemory
 from routerpanel.router.supervisor import ChildExited, ChildStuck, Leftover, LogLine
-from tests.unit.test_engine import FakeClock, FakeSupervisor, preset
+from tests.support.engine import FakeClock, FakeSupervisor, preset
 
 pytestmark = pytest.mark.django_db(transaction=True)
 GIB = 1 << 30
@@ -348,7 +349,7 @@ class TestLeftovers:
         writer = AuditWriter(tmp_path / "spool.jsonl", router_id="boot-2")
         leftover = Leftover("a", 4242, 4242, ("llama-server",), 1.0, "killed", (4242, 4243))
         data = {"models": ["a"], "leftovers": [dataclasses.asdict(leftover)]}
-        writer(EngineEvent(1, "router.started", time.time(), data))
+        writer(EngineEvent(1, Event.ROUTER_STARTED, time.time(), data))
         await asyncio.to_thread(writer.close)
         row = await AuditEvent.objects.aget(router_id="boot-2")
         assert row.kind == AuditKind.LEFTOVER_KILLED and row.model == "a"

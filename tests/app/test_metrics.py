@@ -19,11 +19,10 @@ from routerpanel.router.commands import MemorySampled
 from routerpanel.router.memory import ChildMemory, SystemMemory
 from routerpanel.router.supervisor import ChildExited
 from tests.app.conftest import AsgiClient, django_stand_in
+from tests.support.engine import Harness, engine_config
 from tests.support.fake_router import FakeRouter
-from tests.unit import test_engine
-from tests.unit.test_engine import Harness, engine_config
 
-h = test_engine.h  # the engine fixture: a real Engine, fake supervisor and clock
+pytest_plugins = ("tests.support.engine",)  # the h fixture: Engine, fake supervisor, clock
 
 GIB = 1 << 30
 

@@ -18,6 +18,7 @@ from models_app.consumers import CLOSE_FORBIDDEN, DashboardConsumer
 from models_app.models import AuditEvent, AuditKind
 from models_app.roles import Role, set_role
 from models_app.views import common
+from routerpanel.router.catalogue import Event
 from tests.support.panel import RouterStub, make_user, model_row
 
 pytest_plugins = ("tests.support.panel",)
@@ -88,7 +89,9 @@ class TestConnect:
         assert audit["type"] == "audit" and audit["initial"] is True
         assert [row["kind"] for row in audit["rows"]] == ["ready"]
 
-        await emit(8, "model.state", {"model": "demo-large", "from": "unloaded", "to": "loading"})
+        await emit(
+            8, Event.MODEL_STATE, {"model": "demo-large", "from": "unloaded", "to": "loading"}
+        )
         event = await receive(socket, "event")
         assert event["event"]["seq"] == 8 and event["event"]["data"]["to"] == "loading"
         await socket.disconnect()
@@ -215,7 +218,7 @@ class TestMessages:
         row = await sync_to_async(AuditEvent.objects.record)(
             AuditKind.EVICTION, model="demo-small", actor="user:otto", trigger_model="demo-large"
         )
-        await emit(8, "model.evicted", {"victim": "demo-small"})
+        await emit(8, Event.MODEL_EVICTED, {"victim": "demo-small"})
         audit = await receive(socket, "audit")
         assert audit["initial"] is False
         assert [(r["id"], r["kind"], r["url"]) for r in audit["rows"]] == [

@@ -28,6 +28,7 @@ import httpx
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
+from routerpanel.router.catalogue import Event
 from routerpanel.router.config import PresetSpec, RouterConfig
 from routerpanel.router.engine import Engine, EngineEvent, Lease, RouterError
 
@@ -238,9 +239,9 @@ def sigkill_delays(events: list[EngineEvent]) -> list[float]:
         data = event.data
         if data.get("model") != "deaf":
             continue
-        if event.type == "model.state" and data["action"] == "stop":
+        if event.type == Event.MODEL_STATE and data["action"] == "stop":
             stopped_at = event.time
-        elif event.type == "model.exited":
+        elif event.type == Event.MODEL_EXITED:
             if stopped_at is not None:
                 assert data["force_killed"], data
                 delays.append(event.time - stopped_at)
@@ -354,6 +355,6 @@ async def test_live_children_never_exceed_models_max_under_random_load(
     assert leftovers() == [], "simserver processes survived shutdown"
     assert delays, "the deaf model was never stopped while loaded"
     assert all(abs(d - DEAF_STOP_TIMEOUT) <= 0.5 for d in delays), delays
-    crashes = [e.data for e in events if e.type == "model.exited" and e.data["exit_code"] == 3]
+    crashes = [e.data for e in events if e.type == Event.MODEL_EXITED and e.data["exit_code"] == 3]
     unasked = [c for c in crashes if not c["expected"]]  # a crash racing our stop is an unload
     assert unasked and all(not c["clean"] and c["state"] == "failed" for c in unasked), crashes

@@ -12,13 +12,26 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.serving import LiveChildSampler, free_port, run_manage, sim_preset, simserver_processes
+from tests.serving import (
+    LiveChildSampler,
+    free_port,
+    run_manage,
+    sim_preset,
+    simserver_processes,
+    wait_until,
+)
+
+
+def status_of(url: str, model: str) -> tuple[str, int]:
+    """The model's status in /v1/models and how many requests wait for it."""
+    entry = next(m for m in httpx.get(f"{url}/v1/models").json()["data"] if m["id"] == model)
+    return entry["status"]["value"], entry["queue_depth"]
 
 
 def chat(model: str, tokens: int = 4, stream: bool = False) -> dict[str, object]:
@@ -37,15 +50,18 @@ class SseLog:
         self.events: list[tuple[str, str, dict[str, object]]] = []
         self._url = url
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._open = threading.Event()
 
     def start(self) -> SseLog:
+        """Subscribe, and return once the router has answered: from then on nothing is missed."""
         self._thread.start()
-        time.sleep(0.3)  # let the subscription open before the test acts
+        assert self._open.wait(30), "the SSE subscription did not open"
         return self
 
     def _run(self) -> None:
         try:
             with httpx.stream("GET", f"{self._url}/models/sse", timeout=None) as response:
+                self._open.set()  # the headers come after the subscription exists
                 for line in response.iter_lines():
                     if line.startswith("data: "):
                         item = json.loads(line[6:])
@@ -87,18 +103,23 @@ def test_a_busy_model_is_not_evicted_and_the_queued_request_waits(serve: object)
         sse = SseLog(server.url).start()
         done: dict[str, float] = {}
         streamed: dict[str, object] = {}
+        streaming = threading.Event()
 
         def long_stream() -> None:
             with httpx.stream(
                 "POST", f"{server.url}/v1/chat/completions", json=chat("a", 20, True), timeout=60
             ) as response:
                 streamed["status"] = response.status_code
-                streamed["body"] = b"".join(response.iter_bytes())
+                chunks = []
+                for chunk in response.iter_bytes():
+                    chunks.append(chunk)
+                    streaming.set()
+                streamed["body"] = b"".join(chunks)
             done["a"] = time.monotonic()
 
         thread = threading.Thread(target=long_stream)
         thread.start()
-        time.sleep(0.8)  # a is loaded and streaming
+        assert streaming.wait(30), "a never streamed"  # a is loaded and streaming
         response = httpx.post(f"{server.url}/v1/chat/completions", json=chat("b"), timeout=60)
         done["b"] = time.monotonic()
         thread.join(60)
@@ -145,23 +166,28 @@ def test_a_client_that_leaves_the_queue_costs_nobody_their_slot(serve: object) -
     )
     with serve(presets, 1) as server, LiveChildSampler(marker, server.process.pid) as sampler:  # type: ignore[operator]
         sse = SseLog(server.url).start()
-        streamed: list[httpx.Response] = []
-        streamer = threading.Thread(
-            target=lambda: streamed.append(
-                httpx.post(
-                    f"{server.url}/v1/chat/completions", json=chat("a", 15, True), timeout=60
-                )
-            )
-        )
+        streamed: list[tuple[int, bytes]] = []
+        streaming = threading.Event()
+
+        def stream_a() -> None:
+            url, body = f"{server.url}/v1/chat/completions", chat("a", 15, True)
+            with httpx.stream("POST", url, json=body, timeout=60) as response:
+                chunks = []
+                for chunk in response.iter_bytes():
+                    chunks.append(chunk)
+                    streaming.set()
+                streamed.append((response.status_code, b"".join(chunks)))
+
+        streamer = threading.Thread(target=stream_a)
         streamer.start()
-        time.sleep(0.8)
+        assert streaming.wait(30), "a never streamed"  # a holds the only slot
         with pytest.raises(httpx.ReadTimeout):  # b's client gives up while queued
             httpx.post(f"{server.url}/v1/chat/completions", json=chat("b"), timeout=0.5)
         response = httpx.post(f"{server.url}/v1/chat/completions", json=chat("c"), timeout=60)
         streamer.join(60)
         assert response.status_code == 200
-        (stream,) = streamed
-        assert stream.status_code == 200 and b"[DONE]" in stream.content  # a was not cut short
+        ((status, content),) = streamed
+        assert status == 200 and b"[DONE]" in content  # a was not cut short
         assert sampler.saw() == (1, {"a", "c"})  # b's child never existed
     assert "b" not in sse.statuses("loading")
     assert "c" in sse.statuses("loading")
@@ -171,13 +197,6 @@ def arrived(url: str, model: str) -> bool:
     """The router has the request for ``model``: it waits in the queue, or is being served."""
     entry = next(m for m in httpx.get(f"{url}/v1/models").json()["data"] if m["id"] == model)
     return entry["queue_position"] is not None or entry["status"]["value"] != "unloaded"
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_the_queue_is_fifo(serve: object) -> None:
@@ -195,7 +214,7 @@ def test_the_queue_is_fifo(serve: object) -> None:
         threads = [threading.Thread(target=post, args=(name,)) for name in "abcd"]
         for name, thread in zip("abcd", threads, strict=True):
             thread.start()
-            wait_until(lambda name=name: arrived(server.url, name))  # arrival order a, b, c, d
+            wait_until(lambda n=name: arrived(server.url, n), 30, f"{name} to arrive")  # in order
         for thread in threads:
             thread.join(60)
         assert {name: r.status_code for name, r in answers.items()} == dict.fromkeys("abcd", 200)
@@ -241,9 +260,7 @@ def test_sse_shows_loading_progress_and_the_childs_info_as_llama_cpp_does(serve:
     with serve(sim_preset("a", marker, load_ms=600), 1) as server:  # type: ignore[operator]
         sse = SseLog(server.url).start()
         assert httpx.post(f"{server.url}/models/load", json={"model": "a"}).status_code == 200
-        wait = time.monotonic() + 30
-        while "a" not in sse.statuses("loaded") and time.monotonic() < wait:
-            time.sleep(0.05)
+        wait_until(lambda: "a" in sse.statuses("loaded"), 30, "a to be loaded")
     events = [(event, data) for model, event, data in sse.events if model == "a"]
     assert events[0] == ("model_status", {"status": "loading"})
     progress = [d["progress"] for e, d in events if e == "status_change" and "progress" in d]
@@ -271,9 +288,12 @@ def test_an_operator_cancels_a_queued_request_and_its_client_gets_499(serve: obj
             return thread
 
         busy = post("busy", "a", tokens=25)
-        time.sleep(0.8)  # a is loaded and busy for ~2.5 s: b must queue, nothing is evictable
-        doomed, kept = post("doomed", "b"), post("kept", "b")
-        time.sleep(0.4)
+        # a is granted to "busy" when it becomes loaded, and busy for ~2.5 s: b must queue
+        wait_until(lambda: status_of(server.url, "a")[0] == "loaded", 30, "a to be loaded")
+        doomed = post("doomed", "b")
+        wait_until(lambda: status_of(server.url, "b")[1] == 1, 30, "doomed to queue")
+        kept = post("kept", "b")
+        wait_until(lambda: status_of(server.url, "b")[1] == 2, 30, "kept to queue")
         cancel = httpx.post(f"{server.url}/models/cancel", json={"request_id": "doomed"})
         assert (cancel.status_code, cancel.json()) == (
             200,

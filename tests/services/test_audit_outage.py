@@ -122,7 +122,7 @@ async def _drive(journal: Path) -> None:
     from routerpanel.router.config import RouterConfig
     from routerpanel.router.engine import Engine
     from routerpanel.router.memory import SystemMemory
-    from tests.unit.test_engine import FakeClock, FakeSupervisor, preset
+    from tests.support.engine import FakeClock, FakeSupervisor, preset
 
     sups: list[FakeSupervisor] = []
 

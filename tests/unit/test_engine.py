@@ -10,219 +10,30 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
 
 import pytest
 
+from routerpanel.router.catalogue import Event
 from routerpanel.router.commands import MemorySampled
 from routerpanel.router.config import PresetSpec, RouterConfig, StartupError
-from routerpanel.router.engine import Engine, EngineEvent, Lease, RouterError
+from routerpanel.router.engine import RouterError
 from routerpanel.router.memory import ChildMemory, SystemMemory
 from routerpanel.router.supervisor import (
-    ChildExited,
-    ChildInfo,
-    ChildReady,
-    ChildStarted,
     ChildState,
     ChildStuck,
     LogLine,
-    SpawnError,
-    Supervisor,
+)
+from tests.support.engine import (
+    FakeClock,
+    Harness,
+    engine_config,
+    make,
+    preset,
+    shut_down,
+    turns,
 )
 
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class FakeSupervisor(Supervisor):
-    """Record spawn/stop/kill; the test decides when children get ready or exit."""
-
-    def __init__(self, post: Any) -> None:
-        super().__init__(post, state_file=None)
-        self.post = post
-        self.calls: list[tuple[Any, ...]] = []
-        self.children: dict[str, int] = {}
-        self.next_pid = 100
-        self.hold: asyncio.Event | None = None  # set: spawn() waits for it
-        self.fail_spawn: set[str] = set()
-
-    async def spawn(
-        self,
-        name: str,
-        argv: Sequence[str],
-        env: Mapping[str, str],
-        *,
-        child_protocol: bool,
-        load_timeout: float | None,
-    ) -> int:
-        self.calls.append(("spawn", name))
-        if self.hold is not None:
-            await self.hold.wait()
-        if name in self.fail_spawn:
-            raise SpawnError("failed to spawn server instance: no such file")
-        self.next_pid += 1
-        self.children[name] = self.next_pid
-        self.post(ChildStarted(name, self.next_pid, self.port(name), 1))
-        return self.next_pid
-
-    def stop(self, name: str, stop_timeout: float) -> bool:
-        self.calls.append(("stop", name, stop_timeout))
-        return name in self.children
-
-    def kill(self, name: str) -> bool:
-        self.calls.append(("kill", name))
-        return name in self.children
-
-    def live(self) -> dict[str, ChildInfo]:
-        return {}
-
-    async def shutdown(self, stop_timeout: float | Mapping[str, float] = 10.0) -> None:
-        for name in list(self.children):
-            self.exit(name, code=None, signal=9)
-
-    # ---- what the test plays --------------------------------------------------------------
-
-    @staticmethod
-    def port(name: str) -> int:
-        return 9000 + sum(map(ord, name)) % 500
-
-    def ready(self, name: str) -> None:
-        self.post(ChildReady(name, self.port(name), {"id": name}, 0.25))
-
-    def exit(self, name: str, code: int | None = 0, signal: int | None = None) -> None:
-        pid = self.children.pop(name)
-        expected = any(c[0] in ("stop", "kill") and c[1] == name for c in self.calls)
-        line = LogLine(name, "stderr", "bye", 0.0)
-        self.post(
-            ChildExited(name, pid, self.port(name), code, signal, 1.0, expected, False, True, None,
-                        None if expected else "crashed", (line,))
-        )  # fmt: skip
-
-    def spawned(self) -> list[str]:
-        return [c[1] for c in self.calls if c[0] == "spawn"]
-
-    def stopped(self) -> list[str]:
-        """Models asked to stop gracefully (the exit command, then SIGKILL at the deadline)."""
-        return [c[1] for c in self.calls if c[0] == "stop"]
-
-    def killed(self) -> list[str]:
-        """Models SIGKILLed at once (S4: a loading child; a hung one)."""
-        return [c[1] for c in self.calls if c[0] == "kill"]
-
-
-def preset(name: str, **kw: Any) -> PresetSpec:
-    return PresetSpec(name=name, argv=("llama-server", "-m", f"/m/{name}.gguf"), **kw)
-
-
-class Harness:
-    def __init__(self, engine: Engine, sup: FakeSupervisor, clock: FakeClock) -> None:
-        self.engine, self.sup, self.clock = engine, sup, clock
-        self.events: list[EngineEvent] = []
-        self.rid = 0
-        self.tasks: list[asyncio.Task[Lease]] = []
-
-    async def idle(self) -> None:
-        await self.engine.until_idle()
-
-    def acquire(self, model: str, **kw: Any) -> asyncio.Task[Lease]:
-        self.rid += 1
-        kw.setdefault("request_id", f"r{self.rid}")
-        self.tasks.append(asyncio.create_task(self.engine.acquire(model, **kw)))
-        return self.tasks[-1]
-
-    async def warm(self, *names: str) -> None:
-        """Bring each model up and leave it idle (a slot must be free)."""
-        for name in names:
-            await self.engine.load(name)
-            self.sup.ready(name)
-            await self.idle()
-
-    async def exit(self, name: str, code: int | None = 0) -> None:
-        self.sup.exit(name, code)
-        await self.idle()
-
-    def of(self, type_: str) -> list[dict[str, Any]]:
-        return [e.data for e in self.events if e.type == type_]
-
-    def model(self, name: str) -> dict[str, Any]:
-        return next(m for m in self.engine.snapshot()["models"] if m["name"] == name)
-
-
-async def make(
-    *models: str | PresetSpec, start: bool = True, clock: FakeClock | None = None, **config: Any
-) -> tuple[Engine, FakeSupervisor, FakeClock]:
-    clock = clock or FakeClock()
-    sups: list[FakeSupervisor] = []
-
-    def factory(post: Any) -> Supervisor:
-        sups.append(FakeSupervisor(post))
-        return sups[0]
-
-    specs = [m if isinstance(m, PresetSpec) else preset(m) for m in models]
-    engine = Engine(
-        RouterConfig(**config), specs, memory_interval=None, clock=clock, supervisor_factory=factory
-    )
-    if start:
-        await engine.start()
-    return engine, sups[0], clock
-
-
-async def turns(rounds: int = 50) -> None:
-    """Let the event loop go round: on a frozen clock whatever is due runs, and nothing else."""
-    for _ in range(rounds):
-        await asyncio.sleep(0)
-
-
-async def shut_down(h: Harness) -> None:
-    """Shut the engine down, playing its children's exits, without a real-time timeout."""
-    shutdown = asyncio.create_task(h.engine.shutdown())
-    await h.idle()
-    for name in list(h.sup.children):
-        h.sup.exit(name)
-    await turns()
-    assert shutdown.done()
-    await shutdown
-
-
-@pytest.fixture
-async def h(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    args, kw = getattr(request, "param", (("a", "b", "c"), {"models_max": 2}))
-    engine, sup, clock = await make(*args, start=False, **kw)
-    harness = Harness(engine, sup, clock)
-    sub = engine.subscribe(maxsize=100_000)
-
-    async def collect() -> None:
-        async for event in sub:
-            harness.events.append(event)
-
-    collector = asyncio.create_task(collect())
-    await engine.start()
-    await harness.idle()
-    yield harness
-    sup_children = list(sup.children)
-    shutdown = asyncio.create_task(engine.shutdown())
-    await harness.idle()
-    for name in sup_children:
-        if name in sup.children:
-            sup.exit(name)
-    await asyncio.wait_for(shutdown, 5)
-    await asyncio.wait_for(collector, 5)
-    await asyncio.gather(*harness.tasks, return_exceptions=True)
-
-
-def engine_config(*models: str | PresetSpec, **config: Any) -> pytest.MarkDecorator:
-    """Run the test on an engine with these presets and settings (default a, b, c; max 2)."""
-    return pytest.mark.parametrize("h", [(models, config)], indirect=True, ids=["config"])
-
+pytest_plugins = ("tests.support.engine",)  # the h fixture: Engine, fake supervisor, clock
 
 # ---- admission ------------------------------------------------------------------------------
 
@@ -263,7 +74,7 @@ class TestGrantQueueEvict:
         assert h.sup.stopped() == ["a"]
         assert h.sup.spawned() == ["a", "b"]  # A6: no spawn while the victim lives
         assert h.model("a")["stopping"] and not task.done()
-        (evicted,) = h.of("model.evicted")
+        (evicted,) = h.of(Event.MODEL_EVICTED)
         assert evicted["victim"] == "a" and evicted["idle_for"] == 1.0
         trigger = {"actor": "alice", "model": "c", "request_id": "r-c", "queue_depth": 1}
         assert evicted["trigger"] == trigger and evicted["queue_depth"] == 1
@@ -277,7 +88,7 @@ class TestGrantQueueEvict:
         await h.warm("a", "b")
         h.acquire("c", actor="alice")
         await h.idle()
-        stop = next(e for e in h.of("model.state") if e["model"] == "a" and e["stopping"])
+        stop = next(e for e in h.of(Event.MODEL_STATE) if e["model"] == "a" and e["stopping"])
         assert stop["action"] == "stop" and stop["stop_timeout"] == 10.0
         assert stop["stop_reason"] == "eviction"
         assert stop["trigger"]["model"] == "c" and stop["trigger"]["actor"] == "alice"
@@ -358,7 +169,7 @@ class TestGrantQueueEvict:
             await doomed
         assert err.value.status == 499 and "op:alice" in err.value.message
         assert not kept.done() and h.model("c")["queue_waiters"] == 1
-        (cancelled,) = h.of("queue.cancelled")
+        (cancelled,) = h.of(Event.QUEUE_CANCELLED)
         assert cancelled == {
             "model": "c",
             "request_ids": ["c1"],
@@ -459,7 +270,7 @@ class TestGrantQueueEvict:
             await task
         assert (err.value.status, err.value.message) == (500, "model name=a failed to load")
         assert err.value.details == ("bye",)
-        (exited,) = h.of("model.exited")
+        (exited,) = h.of(Event.MODEL_EXITED)
         assert exited["expected"] is False and exited["state"] == "failed"
 
     async def test_a_spawn_that_raises_is_a_failed_load(self, h: Harness) -> None:
@@ -498,14 +309,14 @@ class TestExitsAndUnload:
         assert h.model("a")["stopping"] and h.model("a")["status"] == "loaded"
         h.sup.exit("a", code=None, signal=9)  # SIGKILLed at the deadline: still asked for
         await h.idle()
-        exited = h.of("model.exited")[-1]
+        exited = h.of(Event.MODEL_EXITED)[-1]
         assert exited["clean"] and exited["state"] == "unloaded" and exited["signal"] == 9
         assert h.model("a")["state"] == "unloaded" and h.model("a")["pid"] is None
 
     async def test_a_crash_while_serving_is_reported_failed(self, h: Harness) -> None:
         await h.warm("a")
         await h.exit("a", code=3)
-        exited = h.of("model.exited")[-1]
+        exited = h.of(Event.MODEL_EXITED)[-1]
         assert not exited["clean"] and exited["exit_code"] == 3
         assert h.model("a")["failed"] and h.model("a")["last_exit"]["exit_code"] == 3
 
@@ -514,7 +325,7 @@ class TestExitsAndUnload:
         await h.engine.unload("a")
         h.sup.post(ChildStuck("a", 101, 5.0))
         await h.idle()
-        assert h.of("model.stuck") == [
+        assert h.of(Event.MODEL_STUCK) == [
             {"model": "a", "pid": 101, "seconds_since_kill": 5.0, "from_state": "loaded"}
         ]
         assert h.model("a")["state"] == "stuck"
@@ -546,7 +357,7 @@ class TestTime:
         h.clock.advance(5)
         h.engine.clock_changed()
         await h.idle()
-        assert h.of("lease.expired") == [
+        assert h.of(Event.LEASE_EXPIRED) == [
             {"lease_id": lease.lease_id, "request_id": "r", "model": "a", "actor": "user:f"}
         ]
         assert h.model("a")["in_flight"] == 0
@@ -596,11 +407,13 @@ class TestTime:
             ready = clock.now  # a's ttl runs from here
             clock.advance(1.0)
             lease = await engine.acquire("b", request_id="r")  # expires at +31 s, after a's ttl
-            handled = engine.processed
+            handled: list[object] = []  # every command the owner loop takes from now on
+            for kind, handler in list(engine._handlers.items()):
+                engine._handlers[kind] = lambda cmd, run=handler: (handled.append(cmd), run(cmd))
             for second in (1.5, 2.5, 3.5, 4.5, 4.9):  # not a polling period: nothing runs
                 clock.advance(ready + second - clock.now)
                 await turns()
-                assert engine.processed == handled, f"the engine woke at +{second} s"
+                assert handled == [], f"the engine woke at +{second} s: {handled}"
             assert sup.stopped() == sup.killed() == []
             clock.advance(0.2)  # past a's ttl (+5 s), long before the lease expires
             await turns()
@@ -622,8 +435,13 @@ class TestEvents:
         seqs = [e.seq for e in h.events]
         assert seqs == list(range(1, len(seqs) + 1))
         types = {e.type for e in h.events}
-        assert {"router.started", "model.state", "queue.changed", "model.evicted"} <= types
-        assert "model.exited" in types
+        assert {
+            Event.ROUTER_STARTED,
+            Event.MODEL_STATE,
+            Event.QUEUE_CHANGED,
+            Event.MODEL_EVICTED,
+        } <= types
+        assert Event.MODEL_EXITED in types
 
     @engine_config("a", "b", "c", models_max=3)
     async def test_a_slow_subscriber_sees_a_gap_instead_of_blocking_the_engine(
@@ -672,7 +490,7 @@ class TestEvents:
     async def test_log_lines_are_events(self, h: Harness) -> None:
         h.sup.post(LogLine("a", "stderr", "hello", 1.0))
         await h.idle()
-        assert h.of("model.log")[-1] == {
+        assert h.of(Event.MODEL_LOG)[-1] == {
             "model": "a",
             "stream": "stderr",
             "text": "hello",
@@ -694,7 +512,7 @@ class TestReloadAndSettings:
         assert h.sup.spawned()[-1] == "a"
         assert h.model("a")["args"][:3] == list(new_a.argv)
         assert h.engine.resolve("c") is None and h.engine.resolve("d") == "d"
-        assert h.of("presets.reloaded")[0]["actor"] == "admin"
+        assert h.of(Event.PRESETS_RELOADED)[0]["actor"] == "admin"
 
     async def test_reload_with_colliding_names_is_refused_and_changes_nothing(
         self, h: Harness
@@ -712,7 +530,7 @@ class TestReloadAndSettings:
         assert h.sup.spawned() == ["a"]
         await h.engine.update_settings(RouterConfig(models_max=2), actor="admin")
         assert h.sup.spawned() == ["a", "b"]
-        (changed,) = h.of("settings.changed")
+        (changed,) = h.of(Event.SETTINGS_CHANGED)
         assert changed["actor"] == "admin" and changed["config"]["models_max"] == 2
 
 
@@ -750,7 +568,7 @@ class TestStartAndShutdown:
         await h.exit("b")
         await asyncio.wait_for(shutdown, 5)
         await h.engine.shutdown()  # idempotent
-        assert h.of("router.stopping")
+        assert h.of(Event.ROUTER_STOPPING)
         with pytest.raises(RouterError) as err:
             await h.engine.acquire("a", request_id="late")
         assert err.value.status == 503
@@ -765,7 +583,7 @@ class TestMemory:
             await h.engine.acquire("a", request_id=rid, actor=actor)
         h.sup.post(MemorySampled(SystemMemory(16 << 30, 8 << 30, 8 << 30, 0, 0, None), ()))
         await h.idle()
-        (sample,) = h.of("memory.sample")
+        (sample,) = h.of(Event.MEMORY_SAMPLE)
         by = {"user:alice": 2, "key:bob/ci": 1}
         assert sample["in_flight"] == {"a": {"n": 3, "by": by}}  # b is idle: not listed
         assert h.model("a")["holders"] == by and h.model("b")["holders"] == {}
@@ -778,7 +596,7 @@ class TestMemory:
         child = ChildMemory("a", h.model("a")["pid"], 123 << 20, 1)
         h.sup.post(MemorySampled(system, (child,)))
         await h.idle()
-        (sample,) = h.of("memory.sample")
+        (sample,) = h.of(Event.MEMORY_SAMPLE)
         assert sample["children"] == {"a": {"pid": child.pid, "rss": 123 << 20}}
         assert sample.pop("in_flight") == {}  # nothing is running a request
         assert h.engine.memory_history() == [sample]

@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
+from routerpanel.router.catalogue import Event
 from routerpanel.router.config import RouterConfig
 from routerpanel.router.engine import Engine, EngineEvent
 from routerpanel.router.supervisor import Supervisor
 from routerpanel.router.watchdog import Busy, Reading, Verdict, Watchdog, probe_gap, slots_counters
-from tests.unit.test_engine import FakeClock, FakeSupervisor, preset
+from tests.support.engine import FakeClock, FakeSupervisor, preset
 
 
 class ScriptedProbe:
@@ -103,7 +104,7 @@ class TestTheWatchdogInTheEngine:
         await rig.advance(1.0)
         assert rig.probe.calls == [(rig.sup.port("a"), probe_gap(60.0))]
         assert ("kill", "a") in rig.sup.calls
-        [hung] = rig.of("model.hung")
+        [hung] = rig.of(Event.MODEL_HUNG)
         assert hung["holders"] == {"user:alice": 1}
         assert hung["in_flight"] == 1 and hung["idle_seconds"] == 60.0
         assert "no answer to GET /slots" in hung["probe"]
@@ -126,7 +127,7 @@ class TestTheWatchdogInTheEngine:
             await rig.advance(50.0)
             rig.engine.progress(lease)
         assert rig.probe.calls == []
-        assert rig.of("model.hung") == []
+        assert rig.of(Event.MODEL_HUNG) == []
 
     async def test_progress_counters_that_move_keep_a_long_prompt_alive(self, rig: Rig) -> None:
         await busy(rig)
@@ -135,7 +136,7 @@ class TestTheWatchdogInTheEngine:
         for _ in range(3):
             await rig.advance(probe_gap(60.0))
         assert len(rig.probe.calls) == 4
-        assert rig.of("model.hung") == []
+        assert rig.of(Event.MODEL_HUNG) == []
         assert ("kill", "a") not in rig.sup.calls
 
     async def test_counters_that_stand_still_between_two_probes_mean_hung(self, rig: Rig) -> None:
@@ -145,7 +146,7 @@ class TestTheWatchdogInTheEngine:
         assert ("kill", "a") not in rig.sup.calls
         await rig.advance(probe_gap(60.0))
         assert ("kill", "a") in rig.sup.calls
-        assert "did not move" in rig.of("model.hung")[0]["probe"]
+        assert "did not move" in rig.of(Event.MODEL_HUNG)[0]["probe"]
 
     async def test_a_child_without_slots_is_only_asked_whether_it_lives(self, rig: Rig) -> None:
         await busy(rig)
@@ -166,7 +167,7 @@ class TestTheWatchdogInTheEngine:
         await busy(rig)
         rig.probe.readings = [None]
         await rig.advance(60.0)
-        stops = [e for e in rig.of("model.state") if e["stop_reason"] == "hung"]
+        stops = [e for e in rig.of(Event.MODEL_STATE) if e["stop_reason"] == "hung"]
         assert [(s["action"], s["trigger"]["actor"]) for s in stops] == [("kill", "watchdog")]
 
 
