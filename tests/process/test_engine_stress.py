@@ -263,7 +263,9 @@ REJECTIONS = {
     "rejected:400": r"model name=(m0|m1|m2|crashy|deaf) is not running",  # an unload came first
     "rejected:499": r"the request was cancelled",  # by its id, while it waited
     "rejected:503": r"model name=crashy died soon after it started, .*",  # its crash back-off
-    "load:rejected:400": r"model is already running",
+    # already up; or queued behind its stopping instance when an unload rejected its waiters
+    "load:rejected:400": r"model is already running|model name=(m0|m1|m2|crashy|deaf) is not "
+    r"running",
     "unload:rejected:400": r"model is not running",
 }
 # The least share of each operation's answers that must be the intended one: a router that
