@@ -4,7 +4,8 @@ Each test starts RouterPanel as a user would (an INI preset file, ``--models-max
 over HTTP from several threads, and reads the order of events from ``/models/sse``. A sampler
 counts the live children every 5 ms and names the models it saw: exactly the peak each scenario
 must reach (never more than ``models_max``), and only the models it must start. Every response a
-test sends is checked.
+test sends is checked. The eviction choice (LRU, pinned models) and the idle ttl are checked here
+with real children too, not only in the scheduler's tests.
 """
 
 from __future__ import annotations
@@ -308,3 +309,56 @@ def test_an_operator_cancels_a_queued_request_and_its_client_gets_499(serve: obj
         busy.join(30)
         kept.join(30)
         assert answers["busy"].status_code == 200 and answers["kept"].status_code == 200
+
+
+def loaded(url: str) -> set[str]:
+    listed = httpx.get(f"{url}/v1/models").json()["data"]
+    return {m["id"] for m in listed if m["status"]["value"] == "loaded"}
+
+
+def test_the_least_recently_used_idle_model_is_the_one_evicted(serve: object) -> None:
+    """a loads first but is used last: c's arrival evicts b, the least recently used (A5)."""
+    marker = serve.marker  # type: ignore[attr-defined]
+    presets = "".join(sim_preset(n, marker) for n in "abc")
+    with serve(presets, 2) as server, LiveChildSampler(marker, server.process.pid) as sampler:  # type: ignore[operator]
+        sse = SseLog(server.url).start()
+        for name in "abac":
+            response = httpx.post(f"{server.url}/v1/chat/completions", json=chat(name), timeout=60)
+            assert response.status_code == 200, (name, response.text)
+        assert loaded(server.url) == {"a", "c"}
+        assert sampler.saw() == (2, {"a", "b", "c"})
+    assert sse.statuses("unloaded")[:1] == ["b"]
+
+
+def test_a_pinned_model_is_never_the_victim(serve: object) -> None:
+    """a is pinned and the least recently used: c's arrival evicts b instead."""
+    marker = serve.marker  # type: ignore[attr-defined]
+    presets = sim_preset("a", marker, extra="pinned = true\n")
+    presets += sim_preset("b", marker) + sim_preset("c", marker)
+    with serve(presets, 2) as server, LiveChildSampler(marker, server.process.pid) as sampler:  # type: ignore[operator]
+        sse = SseLog(server.url).start()
+        for name in "abc":
+            response = httpx.post(f"{server.url}/v1/chat/completions", json=chat(name), timeout=60)
+            assert response.status_code == 200, (name, response.text)
+        assert loaded(server.url) == {"a", "c"}
+        assert sampler.saw() == (2, {"a", "b", "c"})
+    assert sse.statuses("unloaded")[:1] == ["b"]
+
+
+def test_an_idle_model_is_stopped_at_its_ttl_and_the_others_stay(serve: object) -> None:
+    """a has ttl = 1 s: it stops about a second after its last request ends, by itself."""
+    marker = serve.marker  # type: ignore[attr-defined]
+    presets = sim_preset("a", marker, extra="ttl = 1\n") + sim_preset("b", marker)
+    with serve(presets, 2) as server, LiveChildSampler(marker, server.process.pid) as sampler:  # type: ignore[operator]
+        sse = SseLog(server.url).start()
+        for name in "ba":
+            response = httpx.post(f"{server.url}/v1/chat/completions", json=chat(name), timeout=60)
+            assert response.status_code == 200, (name, response.text)
+        last_used = time.monotonic()
+        wait_until(lambda: "a" in sse.statuses("unloaded"), 10, "a's ttl to stop it")
+        idle_for = time.monotonic() - last_used
+        assert 0.9 <= idle_for <= 5, idle_for  # at its ttl, not on a later request or poll
+        time.sleep(1.5)  # b has no ttl: it stays
+        assert loaded(server.url) == {"b"}
+        assert sampler.saw() == (2, {"a", "b"})
+    assert sse.statuses("unloaded")[:1] == ["a"]

@@ -11,8 +11,19 @@ exited), which requests wait and which are in flight, and it delivers readiness,
   drains first, A14);
 * FIFO: no entry is spawned while an older entry still needs a slot (A4); the waiters of one
   model are granted in arrival order;
-* the scheduler's view agrees with the world (running set, in-flight counts, waiters), and
-  in-flight counts never go negative.
+* LRU (A5): every eviction (for a queued model, or to shrink to a lowered models_max) stops
+  the idle, unpinned, loaded-or-sleeping model not wanted by the queue that was used longest
+  ago (ties by name); the world keeps its own ``last_used`` (spawn, ready, grant, finish);
+* pin: a pinned model is never stopped by an eviction, a shrink or its ttl;
+* TTL (A11): a ttl stop hits only an idle, unpinned model idle for at least its ttl; after a
+  tick no such model is left running; ``next_deadline()`` is never later than a ttl that runs;
+* the scheduler's view agrees with the world (running set, in-flight counts, waiters,
+  ``last_used`` of running models), and in-flight counts never go negative.
+
+models_max is drawn from 0 (unlimited) to 3, at the start and by the ``settings`` rule; the
+``pin`` and ``set_ttl`` rules change presets through a reload, as an admin editing them does.
+The test also asserts that a run exercised the LRU, pin and ttl checks, so that it cannot pass
+by never reaching them.
 
 At teardown the world drains (children become ready or exit, requests finish, time passes) and
 checks that every waiter ended granted, rejected or cancelled and that in-flight returned to 0.
@@ -20,6 +31,7 @@ checks that every waiter ended granted, rejected or cancelled and that in-flight
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 
@@ -31,6 +43,7 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
 from routerpanel.router.config import PresetSpec, RouterConfig
@@ -52,16 +65,21 @@ MODELS = ("m0", "m1", "m2", "m3", "m4")
 ESTIMATES = {"m0": 1 * GB, "m1": 2 * GB, "m2": 3 * GB, "m3": 2 * GB, "m4": 1 * GB}
 BUDGET = 5 * GB
 BUSY_STOP_ALLOWED = {StopReason.UNLOAD, StopReason.SHUTDOWN}
+EVICTIONS = {StopReason.EVICTION, StopReason.SHRINK}
+EVICTABLE = {"loaded", "sleeping"}  # as the world sees its children (states.EVICTABLE)
+CHECKED: collections.Counter[str] = collections.Counter()  # which checks a run reached
 
 
-def presets(flavour: dict[str, int]) -> list[PresetSpec]:
-    """m1 has a ttl, m4 is pinned; ``flavour`` changes a model's command (for reloads)."""
+def presets(
+    flavour: dict[str, int], pinned: set[str], ttl: dict[str, float | None]
+) -> list[PresetSpec]:
+    """``flavour`` changes a model's command (for reloads); pins and ttls are the world's."""
     return [
         PresetSpec(
             name=name,
             argv=("llama-server", "-m", f"/models/{name}.gguf", "-c", str(4096 + flavour[name])),
-            ttl=30.0 if name == "m1" else None,
-            pinned=name == "m4",
+            ttl=ttl[name],
+            pinned=name in pinned,
             memory_estimate=ESTIMATES[name],
         )
         for name in MODELS
@@ -70,14 +88,21 @@ def presets(flavour: dict[str, int]) -> list[PresetSpec]:
 
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize(
-        models_max=st.integers(1, 3),
+        models_max=st.integers(0, 3),
         memory=st.booleans(),
         max_wait=st.sampled_from([None, 60.0]),
         max_waiters=st.sampled_from([None, 3]),
+        warm=st.lists(st.sampled_from(MODELS), unique=True, max_size=3),
     )
     def setup(
-        self, models_max: int, memory: bool, max_wait: float | None, max_waiters: int | None
+        self,
+        models_max: int,
+        memory: bool,
+        max_wait: float | None,
+        max_waiters: int | None,
+        warm: list[str],
     ) -> None:
+        """A fresh router; ``warm`` models are loaded one second apart and left idle."""
         self.config = RouterConfig(
             models_max=models_max,
             memory_budget=BUDGET if memory else None,
@@ -86,16 +111,27 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_waiters=max_waiters,
         )
         self.flavour = dict.fromkeys(MODELS, 0)
-        self.s = Scheduler(presets(self.flavour), self.config)
+        self.pinned = {"m4"}
+        self.ttl: dict[str, float | None] = {name: None for name in MODELS} | {"m1": 30.0}
+        self.s = Scheduler(self.presets(), self.config)
         self.now = 0.0
         self.ids = itertools.count()
         self.live: set[str] = set()
+        self.state: dict[str, str] = {}  # live children: loading, loaded, sleeping or stuck
+        self.last_used: dict[str, float] = {}  # set at spawn, ready, grant and finish
+        self.queued: set[str] = set()  # models with a queue entry before the current step
         self.stop_asked: set[str] = set()
         self.waiting: dict[str, tuple[str, RequestKind]] = {}  # insertion = arrival order
         self.in_flight: dict[str, set[str]] = {name: set() for name in MODELS}
         self.outcome: dict[str, str] = {}
+        for model in warm:
+            self.now += 1.0
+            self.load_and_ready(model)
 
     # ---- the fake world ----------------------------------------------------------------------
+
+    def presets(self) -> list[PresetSpec]:
+        return presets(self.flavour, self.pinned, self.ttl)
 
     def apply(self, out: list[Decision]) -> None:
         spawned_tickets = []
@@ -112,10 +148,13 @@ class SchedulerMachine(RuleBasedStateMachine):
                 del self.waiting[d.request_id]
                 self.outcome[d.request_id] = "rejected"
         self.check_fifo(spawned_tickets)
+        self.queued = {entry.model for entry in self.s.queue()}
 
     def on_spawn(self, d: Spawn) -> None:
         assert d.model not in self.live, f"two children for {d.model}"
         self.live.add(d.model)
+        self.state[d.model] = "loading"
+        self.last_used[d.model] = self.now
         cap = self.s.config.models_max
         assert cap <= 0 or len(self.live) <= cap, f"A6: {sorted(self.live)} live, cap {cap}"
         budget = self.s.config.memory_budget
@@ -127,12 +166,46 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert model not in self.stop_asked, f"{model} told to stop twice"
         if reason not in BUSY_STOP_ALLOWED:
             assert not self.in_flight[model], f"A5: busy {model} stopped for {reason}"
+        if reason in EVICTIONS or reason is StopReason.TTL:
+            assert model not in self.pinned, f"pinned {model} stopped for {reason}"
+            assert self.state[model] in EVICTABLE, f"{self.state[model]} {model} {reason}"
+            CHECKED["pinned spared" if self.pinned & self.idle() else "unpinned"] += 1
+        if reason in EVICTIONS:
+            self.check_lru(model)
+        if reason is StopReason.TTL:
+            ttl = self.ttl[model]
+            assert ttl is not None, f"{model} has no ttl, yet stopped for it"
+            idle_for = self.now - self.last_used[model]
+            assert idle_for >= ttl, f"A11: {model} idle {idle_for} s < ttl {ttl} s"
+            CHECKED["ttl stop"] += 1
         self.stop_asked.add(model)
+
+    def idle(self) -> set[str]:
+        """Running children that are idle, loaded or sleeping, and not being stopped."""
+        return {
+            m for m in self.live - self.stop_asked
+            if not self.in_flight[m] and self.state[m] in EVICTABLE
+        }  # fmt: skip
+
+    def check_lru(self, victim: str) -> None:
+        """A5: the victim is the candidate used longest ago (then by name).
+
+        Candidates are idle, unpinned and not wanted by the queue. "Wanted" is taken wide (an
+        entry before this step, or a waiter now), so the check never blames a fair choice.
+        """
+        wanted = self.queued | {model for model, _ in self.waiting.values()}
+        assert victim not in {model for model, _ in self.waiting.values()}, f"{victim} wanted"
+        candidates = (self.idle() - self.pinned - wanted) | {victim}
+        oldest = min(candidates, key=lambda m: (self.last_used[m], m))
+        used = {m: self.last_used[m] for m in sorted(candidates)}
+        assert oldest == victim, f"A5: evicted {victim}, not {oldest} (used longest ago): {used}"
+        CHECKED["lru choice" if len(candidates) > 1 else "lru only candidate"] += 1
 
     def on_grant(self, d: Grant) -> None:
         assert d.request_id in self.waiting, f"grant for a non-waiter {d}"
         model, kind = self.waiting.pop(d.request_id)
         assert (model, kind) == (d.model, d.kind)
+        self.last_used[model] = self.now
         if kind is RequestKind.PROXY:
             waiting = self.waiting.items()
             earlier = [r for r, (m, k) in waiting if (m, k) == (model, kind) and r < d.request_id]
@@ -162,16 +235,25 @@ class SchedulerMachine(RuleBasedStateMachine):
         kind=st.sampled_from([RequestKind.PROXY] * 4 + [RequestKind.LOAD]),
     )
     def request(self, model: str, kind: RequestKind) -> None:
+        self.arrive(model, kind)
+
+    def arrive(self, model: str, kind: RequestKind) -> str:
         rid = self.rid()
         self.waiting[rid] = (model, kind)
         self.apply(self.s.request_arrived(rid, model, now=self.now, actor="user", kind=kind))
+        return rid
 
     @precondition(lambda self: any(self.in_flight.values()))
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
         flying = sorted((r, m) for m, rs in self.in_flight.items() for r in rs)
         rid, model = data.draw(st.sampled_from(flying))
+        self.end(rid, model)
+
+    def end(self, rid: str, model: str) -> None:
+        """A granted request ends: finishing is use too (ROUTER_SPEC §15.26)."""
         self.in_flight[model].discard(rid)
+        self.last_used[model] = self.now
         self.apply(self.s.request_finished(rid, now=self.now))
 
     @precondition(lambda self: self.waiting)
@@ -185,26 +267,47 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.live)
     @rule(data=st.data(), line=st.sampled_from(["ready", "ready", "sleeping", "loading"]))
     def child_line(self, data: st.DataObject, line: str) -> None:
-        model = data.draw(st.sampled_from(sorted(self.live)))
+        self.line(data.draw(st.sampled_from(sorted(self.live))), line)
+
+    def line(self, model: str, line: str) -> None:
+        """The child says ``line``: the world moves as the child protocol does (ready is use)."""
+        state = self.state[model]
+        if line == "ready" and state in ("loading", "sleeping"):
+            self.state[model], self.last_used[model] = "loaded", self.now
+        elif (line, state) in (("sleeping", "loaded"), ("loading", "sleeping")):
+            self.state[model] = line
         self.apply(self.s.child_state(model, line, now=self.now))  # type: ignore[arg-type]
+
+    @rule(model=st.sampled_from(MODELS))
+    def load_and_ready(self, model: str) -> None:
+        """An explicit load whose child is ready at once: idle models pile up, so evictions
+        have several candidates to choose from (A5)."""
+        self.arrive(model, RequestKind.LOAD)
+        if model in self.live and self.state[model] == "loading":
+            self.line(model, "ready")
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), code=st.sampled_from([0, 1, 139]))
     def child_exits(self, data: st.DataObject, code: int) -> None:
         """A slow exit after a stop, or a crash while loading or serving."""
         model = data.draw(st.sampled_from(sorted(self.live)))
+        self.exited(model)
+        self.apply(self.s.child_exited(model, now=self.now, exit_code=code, log_tail=("x",)))
+
+    def exited(self, model: str) -> None:
         self.live.discard(model)
         self.stop_asked.discard(model)
-        self.apply(self.s.child_exited(model, now=self.now, exit_code=code, log_tail=("x",)))
+        del self.state[model]
 
     @precondition(lambda self: self.stop_asked)
     @rule(data=st.data())
     def child_stuck(self, data: st.DataObject) -> None:
         model = data.draw(st.sampled_from(sorted(self.stop_asked)))
         if self.state_of(model) is not ModelState.STUCK:
+            self.state[model] = "stuck"
             self.apply(self.s.child_stuck(model, now=self.now))
 
-    @rule(models_max=st.integers(1, 3))
+    @rule(models_max=st.integers(0, 3))
     def settings(self, models_max: int) -> None:
         config = dataclasses.replace(self.s.config, models_max=models_max)
         self.apply(self.s.settings_changed(config, now=self.now))
@@ -218,7 +321,27 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(model=st.sampled_from(MODELS))
     def reload_with_a_changed_command(self, model: str) -> None:
         self.flavour[model] += 1
-        self.apply(self.s.reload(presets(self.flavour), now=self.now, actor="admin"))
+        self.apply(self.s.reload(self.presets(), now=self.now, actor="admin"))
+
+    @rule(model=st.sampled_from(MODELS), pinned=st.booleans())
+    def pin(self, model: str, pinned: bool) -> None:
+        """An admin pins or unpins a preset: a reload that restarts nothing."""
+        self.pinned = self.pinned | {model} if pinned else self.pinned - {model}
+        self.apply(self.s.reload(self.presets(), now=self.now, actor="admin"))
+
+    @rule(model=st.sampled_from(MODELS), ttl=st.sampled_from([None, 5.0, 30.0]))
+    def set_ttl(self, model: str, ttl: float | None) -> None:
+        self.ttl[model] = ttl
+        self.apply(self.s.reload(self.presets(), now=self.now, actor="admin"))
+
+    @rule(model=st.sampled_from(MODELS), dt=st.floats(0.1, 10.0))
+    def use_briefly(self, model: str, dt: float) -> None:
+        """Some time later, a short request: granted at once if the model serves, it ends at
+        once, and the model becomes the most recently used (LRU order moves)."""
+        self.now += dt
+        rid = self.arrive(model, RequestKind.PROXY)
+        if rid in self.in_flight[model]:
+            self.end(rid, model)
 
     @precondition(lambda self: self.s.config.memory_budget is not None)
     @rule(slack=st.integers(0, 2 * GB))
@@ -226,10 +349,40 @@ class SchedulerMachine(RuleBasedStateMachine):
         available = BUDGET - sum(ESTIMATES[m] for m in self.live) + slack
         self.apply(self.s.memory_sample(available, now=self.now))
 
+    def lru_candidates(self) -> set[str]:
+        return self.idle() - self.pinned - self.queued
+
+    @precondition(
+        lambda self: (
+            self.s.config.models_max > 0
+            and len(self.live) == self.s.config.models_max
+            and len(self.lru_candidates()) >= 2
+        )
+    )
+    @rule(data=st.data())
+    def ask_for_a_model_that_is_down(self, data: st.DataObject) -> None:
+        """At the cap with several idle models: a request for another one must evict the
+        least recently used of them (checked in ``check_lru``)."""
+        down = sorted(set(MODELS) - self.live - self.queued)
+        if down:
+            self.arrive(data.draw(st.sampled_from(down)), RequestKind.PROXY)
+
+    @precondition(lambda self: any(self.ttl[m] for m in self.idle() - self.pinned))
+    @rule(data=st.data())
+    def wait_out_a_ttl(self, data: st.DataObject) -> None:
+        """Let the clock reach an idle model's ttl: the tick must stop it (A11)."""
+        due = sorted(m for m in self.idle() - self.pinned if self.ttl[m])
+        model = data.draw(st.sampled_from(due))
+        self.tick(max(0.0, self.last_used[model] + (self.ttl[model] or 0) - self.now))
+
     @rule(dt=st.floats(0.1, 45.0))
     def tick(self, dt: float) -> None:
         self.now += dt
         self.apply(self.s.tick(now=self.now))
+        for model in self.idle() - self.pinned:  # A11: nothing idle past its ttl survives a tick
+            ttl = self.ttl[model]
+            idle_for = self.now - self.last_used[model]
+            assert ttl is None or idle_for < ttl, f"A11: {model} idle {idle_for} s, ttl {ttl} s"
 
     # ---- invariants --------------------------------------------------------------------------
 
@@ -241,17 +394,27 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert view.in_flight == len(self.in_flight[view.name]) >= 0
             if view.name in self.stop_asked:
                 assert view.stopping
+            if view.name in self.live:
+                assert view.last_used == self.last_used[view.name], view
+                assert view.pinned == (view.name in self.pinned)
         assert sum(e.waiters for e in self.s.queue()) == len(self.waiting)
+
+    @invariant()
+    def the_timer_is_due_no_later_than_any_running_ttl(self) -> None:
+        due = [self.last_used[m] + t for m in self.idle() - self.pinned if (t := self.ttl[m])]
+        if due:
+            deadline = self.s.next_deadline()
+            assert deadline is not None and deadline <= min(due), (deadline, due)
+            CHECKED["ttl deadline"] += 1
 
     def teardown(self) -> None:
         if not hasattr(self, "s"):
             return
         self.drain()
         assert not self.waiting, f"waiters left hanging: {self.waiting}"
-        for rids in self.in_flight.values():
+        for model, rids in self.in_flight.items():
             for rid in sorted(rids):
-                rids.discard(rid)
-                self.apply(self.s.request_finished(rid, now=self.now))
+                self.end(rid, model)
         assert all(v.in_flight == 0 for v in self.s.models())
         assert all(o in {"granted", "rejected", "cancelled"} for o in self.outcome.values())
 
@@ -263,29 +426,38 @@ class SchedulerMachine(RuleBasedStateMachine):
             before = (len(self.waiting), frozenset(self.live), self.now)
             for model in sorted(self.live):
                 if model in self.stop_asked:
-                    self.live.discard(model)
-                    self.stop_asked.discard(model)
+                    self.exited(model)
                     self.apply(self.s.child_exited(model, now=self.now, exit_code=0))
                 elif self.state_of(model) in {ModelState.LOADING, ModelState.SLEEPING}:
-                    self.apply(self.s.child_ready(model, now=self.now))
-            for rids in self.in_flight.values():
+                    self.line(model, "ready")
+            for model, rids in self.in_flight.items():
                 for rid in sorted(rids):
-                    rids.discard(rid)
-                    self.apply(self.s.request_finished(rid, now=self.now))
+                    self.end(rid, model)
             if self.s.config.memory_budget is not None:
                 self.apply(self.s.memory_sample(BUDGET, now=self.now))
             if (len(self.waiting), frozenset(self.live), self.now) == before:
                 self.now += 100.0  # settle timeout, max wait
                 self.apply(self.s.tick(now=self.now))
-                pinned = sorted(m for m in self.live if m == "m4" and m not in self.stop_asked)
+                pinned = sorted(self.live & self.pinned - self.stop_asked)
                 for model in pinned:  # only an operator frees a pinned slot
                     self.apply(self.s.unload(model, now=self.now, actor="operator"))
 
 
-SchedulerMachine.TestCase.settings = settings(
+SETTINGS = settings(
     max_examples=150,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestScheduler = SchedulerMachine.TestCase
+SchedulerMachine.TestCase.settings = SETTINGS
+TestScheduler = SchedulerMachine.TestCase  # random: each run explores new interleavings
+
+
+def test_a_fixed_run_reaches_the_lru_pin_and_ttl_checks() -> None:
+    """The same examples every time (derandomized), so that a change that stops the machine
+    from reaching a check fails here instead of letting the invariants pass on nothing."""
+    CHECKED.clear()
+    fixed = settings(SETTINGS, derandomize=True, database=None)
+    run_state_machine_as_test(SchedulerMachine, settings=fixed)
+    reached = {"lru choice", "pinned spared", "ttl stop", "ttl deadline"}
+    assert reached <= set(CHECKED), f"checks never reached: {reached - set(CHECKED)} {CHECKED}"
