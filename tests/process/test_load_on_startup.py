@@ -71,7 +71,8 @@ def test_more_startup_models_than_models_max_refuse_to_start_with_llama_cpps_mes
             wait_until(over, START_TIMEOUT, "serve to refuse")
     finally:
         stop(process)
-    _, stderr = process.communicate(timeout=10)
+    stdout, stderr = process.communicate(timeout=10)
+    assert b"RouterPanel on http" not in stdout  # it never said it was serving
     assert sampler.saw() == (0, set())  # no child was started (the next test sees children)
     assert process.returncode == 1
     assert stderr.decode().splitlines() == [

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import shutil
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -156,10 +157,17 @@ class Command(BaseCommand):
             signal_handlers=True,
             verbosity=0,
         )
-        # The URL only once the socket listens (a busy port must not look like success).
-        server.on_listening = lambda: self.stdout.write(
-            f"RouterPanel on {host_url} (the panel; Django admin at {host_url}admin/)"
+        # The URL only once the socket listens and the router has started: a busy port or a
+        # router that refuses to start (too many startup models...) must not look like success.
+        ready = Announcement(
+            lambda: self.stdout.write(
+                f"RouterPanel on {host_url} (the panel; Django admin at {host_url}admin/)"
+            ),
+            waiting_for={"socket", "router"} if router is not None else {"socket"},
         )
+        server.on_listening = lambda: ready.done("socket")
+        if router is not None:
+            router.on_started = lambda: ready.done("router")
         server.run()
         if server.listen_failure is not None:
             raise CommandError(
@@ -167,6 +175,19 @@ class Command(BaseCommand):
             )
         if router is not None and router.failed:
             sys.exit(1)
+
+
+class Announcement:
+    """Say something once, when every part it waits for is done."""
+
+    def __init__(self, say: Callable[[], None], *, waiting_for: set[str]) -> None:
+        self._say, self._left = say, set(waiting_for)
+
+    def done(self, part: str) -> None:
+        if part in self._left:
+            self._left.discard(part)
+            if not self._left:
+                self._say()
 
 
 class EmbeddedRouter:
@@ -181,6 +202,7 @@ class EmbeddedRouter:
         except LockHeld as exc:
             raise CommandError(str(exc)) from None
         self._start_task: asyncio.Future[None] | None = None
+        self.on_started: Callable[[], None] = lambda: None
 
     def start(self) -> None:
         self._start_task = asyncio.ensure_future(self._start())
@@ -193,6 +215,8 @@ class EmbeddedRouter:
             await self.process.start(EmbeddedBeat().run())
         except Exception as exc:
             self._fail(f"failed to start the router: {exc}")
+        else:
+            self.on_started()
 
     def _fail(self, reason: str) -> None:
         self.failed = True
