@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from routerpanel.env import at_startup, envfloat, envint, envstr
+from routerpanel.env import envfloat, envint, envstr
 
 
 @dataclass
@@ -43,7 +43,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "--models-max",
         type=int,
         metavar="N",
-        default=at_startup(lambda: envint("LLAMA_ARG_MODELS_MAX", None, minimum=0)),
+        default=envint("LLAMA_ARG_MODELS_MAX", None, minimum=0),
         help="max running models, overriding the stored setting (0 = unlimited)",
     )
     parser.add_argument(
@@ -56,7 +56,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "--lease-ttl",
         type=float,
         metavar="SECONDS",
-        default=at_startup(lambda: envfloat("ROUTERPANEL_LEASE_TTL", 30.0, minimum=1.0)),
+        default=envfloat("ROUTERPANEL_LEASE_TTL", 30.0, minimum=1.0),
         help="a lease the web side stops renewing expires after this long (30)",
     )
     parser.add_argument(

@@ -16,7 +16,6 @@ FALSE_WORDS = frozenset({"0", "false", "no", "off", "disabled"})
 
 
 N = TypeVar("N", int, float)
-T = TypeVar("T")
 
 
 class EnvError(ValueError):
@@ -110,14 +109,6 @@ def envlist(name: str, default: list[str], environ: Mapping[str, str] | None = N
 def split_list(value: str | None) -> list[str]:
     """``a, b,,c`` -> ``["a", "b", "c"]`` (also for command-line values like ``--api-key``)."""
     return [part.strip() for part in (value or "").split(",") if part.strip()]
-
-
-def at_startup(read: Callable[[], T]) -> T:
-    """Run an env read for a command's defaults; a bad value exits with its message, no trace."""
-    try:
-        return read()
-    except EnvError as exc:
-        raise SystemExit(str(exc)) from None
 
 
 def envpath(name: str, default: Path, environ: Mapping[str, str] | None = None) -> Path:

@@ -143,14 +143,23 @@ class TestBusyPort:
 
 
 class TestBadInput:
-    def test_a_setting_that_does_not_parse_is_one_line_and_status_2(self, tmp_path: Path) -> None:
-        done = manage(
-            ["serve", "--port", str(free_port())],
-            tmp_path / "data",
-            **{"ROUTERPANEL_MODELS_MAX": "abc"},
-        )
+    @pytest.mark.parametrize(
+        ("name", "value", "message"),
+        [
+            ("ROUTERPANEL_MODELS_MAX", "abc", "ROUTERPANEL_MODELS_MAX='abc' is not an integer"),
+            ("LLAMA_ARG_MODELS_MAX", "two", "LLAMA_ARG_MODELS_MAX='two' is not an integer"),
+            ("LLAMA_ARG_PORT", "80a", "LLAMA_ARG_PORT='80a' is not an integer"),
+            ("LLAMA_ARG_MODELS_AUTOLOAD", "maybe", "LLAMA_ARG_MODELS_AUTOLOAD='maybe' is not a "
+             "boolean; use true or false"),
+            ("ROUTERPANEL_LEASE_TTL", "0.5", "ROUTERPANEL_LEASE_TTL=0.5 must be at least 1.0"),
+        ],
+    )  # fmt: skip
+    def test_a_setting_that_does_not_parse_is_one_line_and_status_2(
+        self, tmp_path: Path, name: str, value: str, message: str
+    ) -> None:
+        done = manage(["serve", "--port", str(free_port())], tmp_path / "data", **{name: value})
         assert done.returncode == 2
-        assert done.stderr == "error: ROUTERPANEL_MODELS_MAX='abc' is not an integer\n"
+        assert done.stderr == f"error: {message}\n"
         assert done.stdout == ""
 
     def test_a_missing_preset_file_fails_before_the_admin_is_created(self, tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ import pytest
 
 from routerpanel.env import (
     EnvError,
-    at_startup,
     envbool,
     envfloat,
     envint,
@@ -61,12 +60,6 @@ class TestEnvfloat:
     def test_it_raises_on_junk_non_finite_or_negative(self, junk: str) -> None:
         with pytest.raises(EnvError, match=f"T={junk}|T='{junk}'"):
             envfloat("T", 30.0, {"T": junk})
-
-
-def test_a_bad_value_for_a_command_default_exits_with_its_message_not_a_trace() -> None:
-    assert at_startup(lambda: envint("N", 1, {"N": "4"})) == 4
-    with pytest.raises(SystemExit, match="N='x' is not an integer"):
-        at_startup(lambda: envint("N", 1, {"N": "x"}))
 
 
 def test_llama_cpp_booleans_are_understood() -> None:

@@ -23,7 +23,7 @@ from models_app.locks import LockHeld
 from models_app.management.commands import _inputs as inputs
 from models_app.models import Preset, RouterSettings
 from models_app.routerproc import RouterProcess, raise_open_files_limit
-from routerpanel.env import at_startup, envbool, envint, envstr, split_list
+from routerpanel.env import envbool, envint, envstr, split_list
 
 
 class Command(BaseCommand):
@@ -39,7 +39,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--port",
             type=int,
-            default=at_startup(lambda: envint("LLAMA_ARG_PORT", 8080, minimum=0)),
+            default=envint("LLAMA_ARG_PORT", 8080, minimum=0),
             help="listen port (8080)",
         )
         runtime.add_router_arguments(parser)
@@ -53,7 +53,7 @@ class Command(BaseCommand):
             "--no-models-autoload",
             dest="autoload",
             action="store_false",
-            default=at_startup(lambda: envbool("LLAMA_ARG_MODELS_AUTOLOAD", True)),
+            default=envbool("LLAMA_ARG_MODELS_AUTOLOAD", True),
             help="do not start a model for a request unless it asks with ?autoload=true",
         )
         parser.add_argument(
