@@ -20,11 +20,11 @@ from models_app.audit_writer import AuditWriter
 from models_app.models import AuditEvent, AuditKind
 from routerpanel.router.catalogue import Event
 from routerpanel.router.commands import MemorySampled
-from routerpanel.router.config import PresetSpec, RouterConfig
+from routerpanel.router.config import PresetSpec
 from routerpanel.router.engine import Engine, EngineEvent
 from routerpanel.router.memory import ChildMemory, SystemMemory
 from routerpanel.router.supervisor import ChildExited, ChildStuck, Leftover, LogLine
-from tests.support.engine import FakeClock, FakeSupervisor, preset
+from tests.support.engine import FakeClock, FakeSupervisor, make, preset
 
 pytestmark = pytest.mark.django_db(transaction=True)
 GIB = 1 << 30
@@ -80,17 +80,7 @@ class Rig:
 @pytest.fixture
 async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Rig]:
     models, config = getattr(request, "param", (("a", "b", "c"), {"models_max": 1}))
-    clock = FakeClock()
-    sups: list[FakeSupervisor] = []
-
-    def factory(post: Any) -> FakeSupervisor:
-        sups.append(FakeSupervisor(post))
-        return sups[0]
-
-    specs = [m if isinstance(m, PresetSpec) else preset(m) for m in models]
-    engine = Engine(
-        RouterConfig(**config), specs, memory_interval=None, clock=clock, supervisor_factory=factory
-    )
+    engine, sup, clock = await make(*models, start=False, **config)
     writer = AuditWriter(
         tmp_path / "spool.jsonl",
         router_id="test-router",
@@ -105,7 +95,7 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
 
     listener = asyncio.create_task(listen())
     await engine.start()
-    rig = Rig(engine, sups[0], clock, writer)
+    rig = Rig(engine, sup, clock, writer)
     yield rig
     shutdown = asyncio.create_task(engine.shutdown())
     await rig.idle()

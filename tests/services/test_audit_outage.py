@@ -119,23 +119,10 @@ async def _drive(journal: Path) -> None:
 
     from models_app.audit_writer import AuditWriter
     from routerpanel.router.commands import MemorySampled
-    from routerpanel.router.config import RouterConfig
-    from routerpanel.router.engine import Engine
     from routerpanel.router.memory import SystemMemory
-    from tests.support.engine import FakeClock, FakeSupervisor, preset
+    from tests.support.engine import make
 
-    sups: list[FakeSupervisor] = []
-
-    def factory(post: Any) -> FakeSupervisor:
-        sups.append(FakeSupervisor(post))
-        return sups[0]
-
-    clock = FakeClock()
-    models = [preset(name) for name in ("a", "b", "c")]
-    engine = Engine(
-        RouterConfig(models_max=1), models, memory_interval=None, clock=clock,
-        supervisor_factory=factory,
-    )  # fmt: skip
+    engine, sup, _ = await make("a", "b", "c", start=False, models_max=1)
     writer = AuditWriter(journal, interval=0.05, retry_interval=0.2, max_retry_interval=1.0)
     produced: list[int] = []
     emit = writer.mapper._emit
@@ -154,7 +141,6 @@ async def _drive(journal: Path) -> None:
 
     listener = asyncio.create_task(listen())
     await engine.start()
-    sup = sups[0]
     order = ["a", "b", "c"]
 
     async def idle() -> None:

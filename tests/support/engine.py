@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from routerpanel.router.base import Prober
 from routerpanel.router.catalogue import Event
 from routerpanel.router.config import PresetSpec, RouterConfig
 from routerpanel.router.engine import Engine, EngineEvent, Lease
@@ -153,8 +154,13 @@ class Harness:
 
 
 async def make(
-    *models: str | PresetSpec, start: bool = True, clock: FakeClock | None = None, **config: Any
+    *models: str | PresetSpec,
+    start: bool = True,
+    clock: FakeClock | None = None,
+    prober: Prober | None = None,
+    **config: Any,
 ) -> tuple[Engine, FakeSupervisor, FakeClock]:
+    """An engine over a fake supervisor and clock (``config``: RouterConfig's fields)."""
     clock = clock or FakeClock()
     sups: list[FakeSupervisor] = []
 
@@ -163,9 +169,11 @@ async def make(
         return sups[0]
 
     specs = [m if isinstance(m, PresetSpec) else preset(m) for m in models]
+    probing = {"prober": prober} if prober is not None else {}
     engine = Engine(
-        RouterConfig(**config), specs, memory_interval=None, clock=clock, supervisor_factory=factory
-    )
+        RouterConfig(**config), specs, memory_interval=None, clock=clock,
+        supervisor_factory=factory, **probing,
+    )  # fmt: skip
     if start:
         await engine.start()
     return engine, sups[0], clock

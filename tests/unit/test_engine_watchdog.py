@@ -14,11 +14,9 @@ from typing import Any
 import pytest
 
 from routerpanel.router.catalogue import Event
-from routerpanel.router.config import RouterConfig
 from routerpanel.router.engine import Engine, EngineEvent
-from routerpanel.router.supervisor import Supervisor
 from routerpanel.router.watchdog import Busy, Reading, Verdict, Watchdog, probe_gap, slots_counters
-from tests.support.engine import FakeClock, FakeSupervisor, preset
+from tests.support.engine import FakeClock, FakeSupervisor, make, preset
 
 
 class ScriptedProbe:
@@ -52,22 +50,9 @@ class Rig:
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
     clock, probe = FakeClock(), ScriptedProbe()
-    sups: list[FakeSupervisor] = []
-
-    def factory(post: Any) -> Supervisor:
-        sups.append(FakeSupervisor(post))
-        return sups[0]
-
     specs = [preset("a", hang_timeout=60.0), preset("b", hang_timeout=60.0), preset("off")]
-    engine = Engine(
-        RouterConfig(models_max=1),
-        specs,
-        memory_interval=None,
-        clock=clock,
-        supervisor_factory=factory,
-        prober=probe,
-    )
-    r = Rig(engine, sups[0], clock, probe)
+    engine, sup, _ = await make(*specs, start=False, clock=clock, prober=probe, models_max=1)
+    r = Rig(engine, sup, clock, probe)
     sub = engine.subscribe(maxsize=10_000)
 
     async def collect() -> None:
