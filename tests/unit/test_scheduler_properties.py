@@ -454,10 +454,20 @@ TestScheduler = SchedulerMachine.TestCase  # random: each run explores new inter
 
 
 def test_a_fixed_run_reaches_the_lru_pin_and_ttl_checks() -> None:
-    """The same examples every time (derandomized), so that a change that stops the machine
-    from reaching a check fails here instead of letting the invariants pass on nothing."""
+    """A change that stops the machine from reaching a check must fail here instead of letting
+    the invariants pass on nothing.
+
+    The first run is derandomized, yet what it generates still differs between Python versions
+    (a CI run under another version reached no ttl stop in it), so up to three random runs of
+    the same size follow until every check was reached: a check that none of 600 examples
+    reaches is broken.
+    """
     CHECKED.clear()
-    fixed = settings(SETTINGS, derandomize=True, database=None)
-    run_state_machine_as_test(SchedulerMachine, settings=fixed)
     reached = {"lru choice", "pinned spared", "ttl stop", "ttl deadline"}
+    runs = [settings(SETTINGS, derandomize=True, database=None)]
+    runs += [settings(SETTINGS, database=None)] * 3
+    for run in runs:
+        run_state_machine_as_test(SchedulerMachine, settings=run)
+        if reached <= set(CHECKED):
+            break
     assert reached <= set(CHECKED), f"checks never reached: {reached - set(CHECKED)} {CHECKED}"
