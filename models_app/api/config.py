@@ -20,6 +20,9 @@ class ApiConfig:
     # the common "closed while idle" race does not even start (the retry covers the rest).
     keepalive_expiry: float = 4.0
     max_keepalive_per_child: int = 64
+    # A child's answer framed by Content-Length up to this size is read whole and goes out with
+    # the child's Content-Length (not re-chunked); a bigger one streams through chunked.
+    whole_answer_bytes: int = 1 * MIB
     # SSE comment interval so that proxies in front of us do not time the stream out.
     sse_keepalive: float = 15.0
     # /props build_info: "b<build>-<commit>"; clients only check the "b" prefix (§9.7).

@@ -160,16 +160,54 @@ async def relay(api: Api, request: Request, grant: Grant, lease: LeaseKeeper, bo
                 request.method, upstream_target(request), upstream_headers(request), body
             )
         except httpx.HTTPError as exc:
-            if (why := await api.router.why_ended(grant)) is not None:
-                raise why from None  # the router killed the child as hung: say so
-            raise ApiError(500, f"proxy error: {describe(exc)}") from None
-        lease.progress()
+            raise await failure(api, grant, exc) from None
         try:
-            await stream_back(api, request, response, grant, lease)
+            lease.progress()
+            try:
+                whole = await whole_answer(response, api.config.whole_answer_bytes, lease)
+            except httpx.HTTPError as exc:
+                raise await failure(api, grant, exc) from None
+            if whole is not None:
+                await send_whole(request, response, whole)
+            else:
+                await stream_back(api, request, response, grant, lease)
         finally:
             await response.aclose()  # unread: the connection closes and the child stops
     finally:
         api.upstreams.checkin(pool)
+
+
+async def failure(api: Api, grant: Grant, exc: httpx.HTTPError) -> Exception:
+    """What a client gets when the child fails before the answer started: why the router
+    ended the child (it killed it as hung), else ``proxy error: <text>`` (§8.14)."""
+    if (why := await api.router.why_ended(grant)) is not None:
+        return why
+    return ApiError(500, f"proxy error: {describe(exc)}")
+
+
+async def whole_answer(response: httpx.Response, limit: int, lease: LeaseKeeper) -> bytes | None:
+    """Read an answer framed by a Content-Length of at most ``limit`` bytes whole; None for
+    one that streams (chunked, until close, or bigger).
+
+    Such an answer goes out with the child's framing: a client sees its Content-Length, and a
+    child that breaks off before the end is a 500 ``proxy error`` instead of a short body that
+    looks complete. It costs no time: llama-server sends such an answer only once it has it all.
+    """
+    expected = content_length(response)
+    if expected is None or expected > limit or response.status_code == 404:
+        return None
+    chunks = []
+    async for chunk in response.aiter_raw():
+        lease.progress()
+        chunks.append(chunk)
+    return b"".join(chunks)  # httpcore raised if the child sent fewer bytes than announced
+
+
+async def send_whole(request: Request, response: httpx.Response, body: bytes) -> None:
+    headers = response_headers(response)
+    headers.append((b"content-length", str(len(body)).encode()))
+    await request.start(response.status_code, headers)
+    await request.end(body)
 
 
 async def stream_back(
@@ -178,7 +216,7 @@ async def stream_back(
     """Relay the child's status, headers and body chunks as they arrive (§8.13).
 
     When the child gave a ``Content-Length``, the chunk that completes the body goes out with
-    the end of the response: one message to Daphne for a whole small answer instead of two.
+    the end of the response: one message to Daphne for the last part instead of two.
     (The loop still runs to its end, without waiting, so the connection goes back to the pool.)
     """
     if response.status_code == 404:
@@ -230,12 +268,17 @@ def upstream_headers(request: Request) -> list[tuple[bytes, bytes]]:
 
 
 def response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+    """The child's headers less the dropped ones (§8.13), plus ``X-Accel-Buffering: no`` unless
+    the child sent it already (llama-server does on its streams)."""
     headers = []
+    buffering = False
     for name, value in response.headers.raw:
         name = name.lower()
         if name not in _DROP_RESPONSE and not name.startswith(b"access-control-"):
             headers.append((name, value))
-    headers.append((b"x-accel-buffering", b"no"))
+            buffering = buffering or name == b"x-accel-buffering"
+    if not buffering:
+        headers.append((b"x-accel-buffering", b"no"))
     return headers
 
 

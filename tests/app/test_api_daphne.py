@@ -136,6 +136,16 @@ class TestUnderDaphne:
         assert times[-1] - times[0] > 0.3  # not one buffered body
         daphne.expect("router router.release")
 
+    def test_a_small_answer_goes_out_with_the_childs_length_not_chunked(
+        self, daphne: Daphne
+    ) -> None:
+        with httpx.Client(base_url=daphne.url, trust_env=False, timeout=DEADLINE) as http:
+            response = http.post("/tokenize", json={"model": "slow", "content": "hello"})
+        assert response.status_code == 200
+        assert "transfer-encoding" not in response.headers
+        assert response.headers["content-length"] == str(len(response.content))
+        assert response.headers.get_list("x-accel-buffering") == ["no"]
+
     def test_a_client_that_hangs_up_mid_stream_is_seen(
         self, daphne: Daphne, slow_simserver: SimServer
     ) -> None:

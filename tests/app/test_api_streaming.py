@@ -12,6 +12,7 @@ import time
 
 import httpx
 
+from models_app.api import Api
 from tests.app.conftest import AsgiClient, ScriptedUpstream, SimServer
 from tests.support.fake_router import FakeRouter, Grant, QueueThenGrant
 
@@ -59,13 +60,29 @@ class TestPassthrough:
         assert data[-1] - data[0] > 0.5  # spread over the stream's time (15 x 100 ms)
         assert call.body.rstrip().endswith(b"data: [DONE]")
 
-    async def test_a_child_that_dies_mid_stream_just_ends_it(
+    async def test_a_child_that_dies_before_its_whole_answer_is_a_500_not_a_short_body(
         self, client: AsgiClient, router: FakeRouter, upstream: ScriptedUpstream
     ) -> None:
+        # An answer framed by Content-Length is read whole before it goes out, so a child that
+        # breaks off cannot hand the client a short body that looks complete.
         upstream.answer = lambda r: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial"
         router.add("m", Grant(upstream.port), status="loaded")
         response = await client.post("/completion", {"model": "m"})
+        assert response.status == 500
+        assert response.json()["error"]["message"] == "proxy error: Failed to read connection"
+        await router.wait_for("router.release")
+
+    async def test_a_big_answer_that_breaks_off_mid_stream_just_ends(
+        self, client: AsgiClient, router: FakeRouter, upstream: ScriptedUpstream, api: Api
+    ) -> None:
+        # Beyond whole_answer_bytes the answer streams (chunked) and ends where the child did.
+        size = api.config.whole_answer_bytes + 1
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size
+        upstream.answer = lambda r: head + b"partial"
+        router.add("m", Grant(upstream.port), status="loaded")
+        response = await client.post("/completion", {"model": "m"})
         assert (response.status, response.body) == (200, b"partial")
+        assert response.header("content-length") is None
         await router.wait_for("router.release")
 
 

@@ -107,6 +107,41 @@ class TestFraming:
         assert response.header("content-type") == "text/event-stream"
         assert response.header("transfer-encoding") is None
 
+    async def test_a_small_answer_keeps_the_childs_content_length(
+        self, client: AsgiClient, model_on: Callable[[int], None]
+    ) -> None:
+        async with RawUpstream(answering(OK)) as child:
+            model_on(child.port)
+            response = await tokenize(client)
+        assert (response.status, response.body) == (200, b'{"ok":true}')
+        assert response.header("content-length") == "11"  # llama.cpp re-chunks it (§15.13)
+        assert response.header("x-accel-buffering") == "no"
+
+    async def test_x_accel_buffering_goes_out_once_when_the_child_sent_it(
+        self, client: AsgiClient, model_on: Callable[[int], None]
+    ) -> None:
+        answer = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-Accel-Buffering: no\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        )
+        async with RawUpstream(answering(answer)) as child:
+            model_on(child.port)
+            response = await tokenize(client)
+        assert response.body == b"hello"
+        assert [v for k, v in response.headers if k == b"x-accel-buffering"] == [b"no"]
+
+    async def test_an_answer_bigger_than_whole_answer_bytes_streams_without_length(
+        self, client: AsgiClient, api: Api, model_on: Callable[[int], None]
+    ) -> None:
+        size = api.config.whole_answer_bytes + 1
+        answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size
+        async with RawUpstream(answering(answer)) as child:
+            model_on(child.port)
+            response = await tokenize(client)
+        assert (response.status, len(response.body)) == (200, size)
+        assert response.header("content-length") is None
+        assert len(response.chunks) > 1  # relayed as it came, not held
+
     async def test_an_answer_without_length_runs_until_the_child_closes(
         self, client: AsgiClient, model_on: Callable[[int], None]
     ) -> None:
