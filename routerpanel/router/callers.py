@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import math
 import uuid
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ class Callers:
         self._models: dict[str, _ModelLeases] = {}
         self._revoked: dict[str, RouterError] = {}  # lease id -> why it was ended (insertion order)
         self._expiries: list[tuple[float, str]] = []  # heap; stale entries are skipped lazily
+        # Lease ids: unique to this book (a random prefix, so no other engine's) and cheap per
+        # grant (a counter, not a uuid4 each).
+        self._lease_prefix = uuid.uuid4().hex[:12]
+        self._lease_numbers = itertools.count(1)
 
     def busy(self, request_id: str) -> bool:
         return request_id in self._waiters or request_id in self._by_request
@@ -85,7 +90,7 @@ class Callers:
             return True
         if waiter.future.done():  # cancelled between its arrival and this grant (A7)
             return False
-        lease_id = uuid.uuid4().hex
+        lease_id = f"{self._lease_prefix}-{next(self._lease_numbers)}"
         lease = Lease(lease_id, grant.request_id, grant.model, port, expires_at, waiter.actor)
         self._leases[lease.lease_id] = _LeaseRecord(lease, expires_at)
         self._by_request[lease.request_id] = lease.lease_id

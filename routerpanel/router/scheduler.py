@@ -132,9 +132,30 @@ class Scheduler(Admission):
         """
         if self._queue.holds(request_id) or request_id in self._granted:
             raise ValueError(f"request id {request_id!r} is already in use")
+        waiter = WaiterView(request_id, kind, actor, now)
+        m = self._models.get(model)
+        if m is not None and self._grants_at_once(m, kind):  # (7) on an empty queue
+            self._out = []
+            self._grant(waiter, m, now)
+            out, self._out = self._out, []
+            return out
         self._begin()
-        self._arrive(WaiterView(request_id, kind, actor, now), model, now)
+        self._arrive(waiter, model, now)
         return self._end(now)
+
+    def _grants_at_once(self, m: ModelRecord, kind: RequestKind) -> bool:
+        """The hot path: a proxy request for a model that serves, nothing queued, not closing.
+
+        (1)-(6b) cannot apply to such a model, and admission after the grant has nothing to do:
+        a grant frees nothing and the queue stays empty (no queue event either).
+        """
+        return (
+            kind is RequestKind.PROXY
+            and not self._queue
+            and not self._closing
+            and not m.removed
+            and self._servable(m)
+        )
 
     def _arrive(self, w: WaiterView, name: str, now: float) -> None:
         m = self._models.get(name)
