@@ -16,10 +16,13 @@ from django.forms import formset_factory
 from models_app.models import (
     PAIR_RESERVED_KEYS,
     AuditKind,
+    KeyPriority,
     Preset,
     RouterSettings,
+    parse_model_patterns,
     validate_args,
     validate_env,
+    validate_model_patterns,
 )
 from models_app.roles import Role
 from routerpanel.router import options, presets
@@ -328,6 +331,27 @@ class AuditFilterForm(forms.Form):
 class ApiKeyForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="What the key is for, e.g. laptop or ci.")
     owner = forms.ModelChoiceField(queryset=get_user_model().objects.none(), required=False)
+    models = forms.CharField(
+        label="Models",
+        required=False,
+        max_length=1000,
+        validators=[validate_model_patterns],
+        widget=forms.TextInput(attrs={"placeholder": "qwen*, llama-3*"}),
+        help_text="Comma-separated patterns (* and ? wildcards), matched against each model's "
+        "name and aliases. Empty: every model.",
+    )
+    max_concurrent = forms.IntegerField(
+        label="Max concurrent requests",
+        required=False,
+        min_value=1,
+        help_text="Requests this key may have in flight at once, queued ones included. "
+        "Empty: no limit.",
+    )
+    priority = forms.ChoiceField(
+        choices=KeyPriority.choices,
+        initial=KeyPriority.NORMAL,
+        help_text="Priority class for the fair-share queue policy.",
+    )
 
     def __init__(self, *args: Any, user: Any, is_admin: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -345,6 +369,7 @@ class ApiKeyForm(forms.Form):
         name = data.get("name")
         if name and owner.api_keys.active().filter(name=name).exists():
             self.add_error("name", f"{owner} already has an active key named {name!r}.")
+        data["models"] = ", ".join(parse_model_patterns(data.get("models") or ""))
         return data
 
 
