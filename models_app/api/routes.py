@@ -141,6 +141,8 @@ async def cancel_queued(api: Api, request: Request) -> None:
     if bool(model) == bool(request_id):
         raise ApiError(400, "give exactly one of 'model' or 'request_id'")
     _check_operator(api, request)
+    if model:
+        api.gate.check(request, model)
     answer = await api.router.cancel_queued(
         actor=request.actor, model=model, queued_request=request_id
     )

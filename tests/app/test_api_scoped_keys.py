@@ -116,10 +116,10 @@ class TestModelScope:
         for path in ("/props?model=mistral", "/metrics?model=mistral", "/slots?model=mistral"):
             assert (await client.get(path, headers=as_key(SCOPED))).status == 403, path
 
-    async def test_load_and_unload_outside_the_scope_are_403(
+    async def test_load_unload_and_cancel_outside_the_scope_are_403(
         self, client: AsgiClient, router: FakeRouter, scoped: dict, models: None
     ) -> None:
-        for path in ("/models/load", "/models/unload"):
+        for path in ("/models/load", "/models/unload", "/models/cancel"):
             refused = await client.post(path, {"model": "mistral"}, headers=as_key(SCOPED))
             assert refused.status == 403, path
             assert "key:alice/ci" in refused.json()["error"]["message"]
