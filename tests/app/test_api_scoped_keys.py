@@ -29,6 +29,20 @@ def as_key(secret: str) -> dict[str, str]:
     return {"authorization": f"Bearer {secret}"}
 
 
+def start_chat(client: AsgiClient, model: str, secret: str, tokens: int = 3) -> Any:
+    """Start a streamed chat for ``model`` with ``secret``; return the call in flight."""
+    return client.start(
+        "POST", "/v1/chat/completions", json_body=chat(model, tokens), headers=as_key(secret)
+    )
+
+
+async def tokenize(client: AsgiClient, model: str, secret: str) -> int:
+    """POST /tokenize for ``model`` with ``secret``; return the status."""
+    call = await client.post("/tokenize", {"model": model}, headers=as_key(secret))
+    assert call.status is not None
+    return call.status
+
+
 @pytest.fixture
 def scoped(key_table: dict[str, Any]) -> dict[str, Any]:
     """Three keys: qwen* only, one request at a time, and unscoped; qwen-7b has alias "fast"."""
@@ -70,45 +84,33 @@ class TestModelScope:
     async def test_a_model_inside_the_scope_is_served(
         self, client: AsgiClient, router: FakeRouter, scoped: dict, models: None
     ) -> None:
-        response = await client.post("/tokenize", {"model": "qwen-7b"}, headers=as_key(SCOPED))
-        assert response.status == 200
+        assert await tokenize(client, "qwen-7b", SCOPED) == 200
         assert (await router.wait_for("router.acquire"))["actor"] == "key:alice/ci"
 
     async def test_an_alias_is_checked_with_its_presets_name_and_aliases(
         self, client: AsgiClient, scoped: dict, models: None, key_table: dict
     ) -> None:
         # "fast" matches no pattern itself, but names qwen-7b, which qwen* matches
-        assert (
-            await client.post("/tokenize", {"model": "fast"}, headers=as_key(SCOPED))
-        ).status == 200
+        assert await tokenize(client, "fast", SCOPED) == 200
         # and a key scoped to the alias may use the preset by its name
         key_table["keys"][digest(SCOPED)] = Caller("key:alice/ci", 1, ("fast",))
         key_table["required"] = True
         client.app.keys.invalidate()
-        assert (
-            await client.post("/tokenize", {"model": "qwen-7b"}, headers=as_key(SCOPED))
-        ).status == 200
-        refused = await client.post("/tokenize", {"model": "mistral"}, headers=as_key(SCOPED))
-        assert refused.status == 403
+        assert await tokenize(client, "qwen-7b", SCOPED) == 200
+        assert await tokenize(client, "mistral", SCOPED) == 403
 
     async def test_an_unknown_name_is_checked_as_given(
         self, client: AsgiClient, scoped: dict, models: None
     ) -> None:
-        outside = await client.post("/tokenize", {"model": "nope"}, headers=as_key(SCOPED))
-        assert outside.status == 403
-        inside = await client.post("/tokenize", {"model": "qwen-nope"}, headers=as_key(SCOPED))
-        assert inside.status == 400  # in scope: the router says it does not know it
+        assert await tokenize(client, "nope", SCOPED) == 403
+        assert await tokenize(client, "qwen-nope", SCOPED) == 400  # in scope: the router's 400
 
     async def test_unscoped_and_static_keys_use_every_model(
         self, client: AsgiClient, scoped: dict, models: None, keys: KeyStore
     ) -> None:
-        assert (
-            await client.post("/tokenize", {"model": "mistral"}, headers=as_key(OPEN))
-        ).status == 200
+        assert await tokenize(client, "mistral", OPEN) == 200
         keys.configure(["static"])
-        assert (
-            await client.post("/tokenize", {"model": "mistral"}, headers=as_key("static"))
-        ).status == 200
+        assert await tokenize(client, "mistral", "static") == 200
 
     async def test_get_routes_with_a_model_are_checked_too(
         self, client: AsgiClient, scoped: dict, models: None
@@ -147,9 +149,7 @@ class TestConcurrency:
         self, client: AsgiClient, router: FakeRouter, scoped: dict, slow_simserver: SimServer
     ) -> None:
         router.add("slow", Grant(slow_simserver.port), status="loaded")
-        first = client.start(
-            "POST", "/v1/chat/completions", json_body=chat("slow", 5), headers=as_key(LIMITED)
-        )
+        first = start_chat(client, "slow", LIMITED, 5)
         await first.wait_started()
         second = await client.post("/v1/chat/completions", chat("slow"), headers=as_key(LIMITED))
         assert second.status == 429
@@ -157,12 +157,10 @@ class TestConcurrency:
         error = second.json()["error"]
         assert error["code"] == 429 and error["type"] == "rate_limit_error"
         assert "key:bob/batch" in error["message"] and "limit is 1" in error["message"]
-        other = await client.post("/tokenize", {"model": "slow"}, headers=as_key(OPEN))
-        assert other.status == 200  # another key is not held back
+        assert await tokenize(client, "slow", OPEN) == 200  # another key is not held back
         await first.finish()
         assert first.status == 200
-        again = await client.post("/tokenize", {"model": "slow"}, headers=as_key(LIMITED))
-        assert again.status == 200
+        assert await tokenize(client, "slow", LIMITED) == 200
         assert client.app.gate.in_flight == {}
 
     async def test_a_queued_request_counts_and_leaving_the_queue_gives_the_slot_back(
@@ -170,12 +168,9 @@ class TestConcurrency:
     ) -> None:
         queued = QueueThenGrant(simserver.port)
         router.add("cold", queued, status="unloaded")
-        call = client.start(
-            "POST", "/v1/chat/completions", json_body=chat("cold"), headers=as_key(LIMITED)
-        )
+        call = start_chat(client, "cold", LIMITED)
         await router.wait_for("router.acquire")
-        busy = await client.post("/tokenize", {"model": "cold"}, headers=as_key(LIMITED))
-        assert busy.status == 429
+        assert await tokenize(client, "cold", LIMITED) == 429
         call.disconnect()
         await router.wait_for("router.cancel")
         await call.finish()
@@ -185,9 +180,7 @@ class TestConcurrency:
         self, client: AsgiClient, router: FakeRouter, scoped: dict, slow_simserver: SimServer
     ) -> None:
         router.add("slow", Grant(slow_simserver.port), status="loaded")
-        call = client.start(
-            "POST", "/v1/chat/completions", json_body=chat("slow", 50), headers=as_key(LIMITED)
-        )
+        call = start_chat(client, "slow", LIMITED, 50)
         await call.wait_body(lambda body: b'"content":"' in body)
         assert client.app.gate.in_flight == {2: 1}
         call.disconnect()
@@ -202,8 +195,7 @@ class TestConcurrency:
             "full", Reject(503, "queue is full", "unavailable_error", 2.0), status="unloaded"
         )
         for _ in range(3):
-            response = await client.post("/tokenize", {"model": "full"}, headers=as_key(LIMITED))
-            assert response.status == 503
+            assert await tokenize(client, "full", LIMITED) == 503
         assert client.app.gate.in_flight == {}
 
     async def test_a_cancelled_handler_gives_the_slot_back(
@@ -265,16 +257,12 @@ class TestRefusalsAreAudited:
             gate=gate,
         )
         client = AsgiClient(app)
-        assert (
-            await client.post("/tokenize", {"model": "mistral"}, headers=as_key(SCOPED))
-        ).status == 403
+        assert await tokenize(client, "mistral", SCOPED) == 403
         held = client.start(
             "POST", "/tokenize", json_body={"model": "cold"}, headers=as_key(LIMITED)
         )
         await router.wait_for("router.acquire")
-        assert (
-            await client.post("/tokenize", {"model": "cold"}, headers=as_key(LIMITED))
-        ).status == 429
+        assert await tokenize(client, "cold", LIMITED) == 429
         held.disconnect()
         await held.finish()
         await gate.drain()
