@@ -6,7 +6,9 @@ Two kinds of key are accepted:
   ``key:api-key-<n>`` (their position in the list, from 1);
 * users' keys stored hashed in the database (``ApiKey``), acting as ``key:<owner>/<name>``.
 
-A request without a valid key acts as ``anonymous``. Keys are **required** when any static key is
+A request without a valid key acts as ``anonymous``. A user's key may carry a scope (models,
+concurrent requests, priority; issue 17.1): ``identify`` returns it as a ``Caller`` and
+``scopes.Gate`` holds the request to it. Keys are **required** when any static key is
 configured or ``RouterSettings.require_api_key`` is on. Merely having personal keys in the
 database does not require them: issuing the first personal key must not lock every other client
 out; it is the admin's explicit switch (llama.cpp equally requires keys only when given some).

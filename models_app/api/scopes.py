@@ -1,8 +1,9 @@
 """Scoped keys (issue 17.1): hold each API key to the models it may use and to its concurrency.
 
 Where it applies: the proxy calls ``Gate.admit`` as soon as it knows the model (it is in the
-body, §8.4) and before it asks the router for a lease; ``/models/load`` and ``/models/unload``
-call ``Gate.check``; ``/models`` and ``/v1/models`` list only what ``Gate.visible`` keeps.
+body, §8.4) and before it asks the router for a lease; ``/models/load``, ``/models/unload``
+and ``/models/cancel`` call ``Gate.check``; ``/models`` and ``/v1/models`` list only what
+``Gate.visible`` keeps, and ``/models/sse`` sends only events of models ``Gate.allows``.
 Static keys (``--api-key``) and anonymous callers are unscoped.
 
 Names: a model is checked by its preset's name and all its aliases. A request by alias is in
@@ -94,10 +95,14 @@ class Gate:
         self._busy_refusals = busy_refusals
         self.in_flight: dict[int, int] = {}  # key id -> admitted and not yet released
 
+    def allows(self, caller: Caller, model: str) -> bool:
+        """Whether ``caller``'s key may use ``model`` (by name or alias)."""
+        return not caller.models or caller.may_use(self._keys.names_of(model))
+
     def check(self, request: Request, model: str) -> None:
         """Raise 403 if the request's key may not use ``model`` (by name or alias)."""
         caller = request.caller
-        if caller.models and not caller.may_use(self._keys.names_of(model)):
+        if not self.allows(caller, model):
             if self._scope_refusals is not None:
                 self._scope_refusals.note(caller, model, request)
             allowed = ", ".join(caller.models)

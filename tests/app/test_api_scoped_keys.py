@@ -4,6 +4,7 @@ concurrent requests (given back however a request ends), the listing, and the au
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from models_app.api import Api, ApiConfig, scopes
 from models_app.api.auth import Caller, KeyStore, KeyTable, digest
 from models_app.bridge import RouterClient
 from models_app.models import AuditEvent, AuditKind
+from routerpanel.router.catalogue import Event
 from tests.app.conftest import AsgiClient, SimServer, django_stand_in
 from tests.support.fake_router import FakeRouter, Grant, QueueThenGrant, Reject
 
@@ -142,6 +144,23 @@ class TestListing:
         # llama-3 is listed: its alias qwen-like is in scope, so the key may use it
         assert await ids(SCOPED) == ["llama-3", "qwen-7b"]
         assert await ids(OPEN) == ["llama-3", "mistral", "qwen-7b"]
+
+
+class TestEvents:
+    async def test_the_sse_stream_sends_only_the_keys_models_and_reloads(
+        self, client: AsgiClient, router: FakeRouter, scoped: dict
+    ) -> None:
+        call = client.start("GET", "/models/sse", headers=as_key(SCOPED))
+        await call.wait_started()
+        for model in ("mistral", "qwen-7b"):
+            change = {"model": model, "from": "unloaded", "to": "loading", "status": "loading"}
+            await router.emit(Event.MODEL_STATE, change)
+        await router.emit(Event.PRESETS_RELOADED, {"added": [], "removed": [], "changed": []})
+        await call.wait_body(lambda body: body.count(b"data: ") >= 2)
+        call.disconnect()
+        await call.finish()
+        frames = [f for f in call.body.decode().split("\n\n") if f.startswith("data: ")]
+        assert [json.loads(f.removeprefix("data: "))["model"] for f in frames] == ["qwen-7b", "*"]
 
 
 class TestConcurrency:
