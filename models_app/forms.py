@@ -361,6 +361,10 @@ class ApiKeyForm(forms.Form):
             self.fields["owner"].help_text = "Admins may issue keys for others; empty: you."
         else:
             del self.fields["owner"]
+            # Fair share: a user may lower their own key's priority, not raise it above others'.
+            priority = self.fields["priority"]
+            priority.choices = [c for c in KeyPriority.choices if c[0] != KeyPriority.HIGH]
+            priority.help_text += " High is given by admins."
 
     def clean(self) -> dict[str, Any]:
         data: dict[str, Any] = super().clean()

@@ -105,6 +105,15 @@ class TestKeys:
         assert admin_client.post(f"/keys/{theirs.pk}/revoke/").status_code == 302
         assert ApiKey.objects.get(pk=theirs.pk).revoked
 
+    def test_only_admins_give_a_key_high_priority(
+        self, viewer_client: Client, admin_client: Client
+    ) -> None:
+        refused = viewer_client.post("/keys/", {"name": "mine", "priority": "high"})
+        assert "priority" in refused.context["form"].errors
+        assert 'value="high"' not in viewer_client.get("/keys/").content.decode()
+        admin_client.post("/keys/", {"name": "urgent", "priority": "high"})
+        assert list(ApiKey.objects.values_list("name", "priority")) == [("urgent", "high")]
+
     def test_a_viewer_cannot_issue_a_key_for_someone_else(self, viewer_client: Client) -> None:
         bob = make_user("bob", Role.VIEWER)
         viewer_client.post("/keys/", {"name": "sneaky", "owner": bob.pk, "priority": "normal"})
