@@ -328,9 +328,9 @@ class AuditFilterForm(forms.Form):
 # ---- API keys and users -----------------------------------------------------------------------
 
 
-class ApiKeyForm(forms.Form):
-    name = forms.CharField(max_length=100, help_text="What the key is for, e.g. laptop or ci.")
-    owner = forms.ModelChoiceField(queryset=get_user_model().objects.none(), required=False)
+class KeyScopeForm(forms.Form):
+    """What a key may do (issue 17.1): its models, concurrent requests and priority class."""
+
     models = forms.CharField(
         label="Models",
         required=False,
@@ -353,18 +353,33 @@ class ApiKeyForm(forms.Form):
         help_text="Priority class for the fair-share queue policy.",
     )
 
-    def __init__(self, *args: Any, user: Any, is_admin: bool, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, is_admin: bool, keep: str = "", **kwargs: Any) -> None:
+        """``keep``: a priority the key already has, which a non-admin may keep."""
         super().__init__(*args, **kwargs)
+        if not is_admin:
+            # Fair share: a user may lower their own key's priority, not raise it above others'.
+            priority = self.fields["priority"]
+            priority.choices = [
+                c for c in KeyPriority.choices if c[0] != KeyPriority.HIGH or c[0] == keep
+            ]
+            priority.help_text += " High is given by admins."
+
+    def clean_models(self) -> str:
+        return ", ".join(parse_model_patterns(self.cleaned_data.get("models") or ""))
+
+
+class ApiKeyForm(KeyScopeForm):
+    name = forms.CharField(max_length=100, help_text="What the key is for, e.g. laptop or ci.")
+    owner = forms.ModelChoiceField(queryset=get_user_model().objects.none(), required=False)
+
+    def __init__(self, *args: Any, user: Any, is_admin: bool, **kwargs: Any) -> None:
+        super().__init__(*args, is_admin=is_admin, **kwargs)
         self.user = user
         if is_admin:
             self.fields["owner"].queryset = get_user_model().objects.order_by("username")
             self.fields["owner"].help_text = "Admins may issue keys for others; empty: you."
         else:
             del self.fields["owner"]
-            # Fair share: a user may lower their own key's priority, not raise it above others'.
-            priority = self.fields["priority"]
-            priority.choices = [c for c in KeyPriority.choices if c[0] != KeyPriority.HIGH]
-            priority.help_text += " High is given by admins."
 
     def clean(self) -> dict[str, Any]:
         data: dict[str, Any] = super().clean()
@@ -373,7 +388,6 @@ class ApiKeyForm(forms.Form):
         name = data.get("name")
         if name and owner.api_keys.active().filter(name=name).exists():
             self.add_error("name", f"{owner} already has an active key named {name!r}.")
-        data["models"] = ", ".join(parse_model_patterns(data.get("models") or ""))
         return data
 
 

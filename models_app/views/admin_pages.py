@@ -13,7 +13,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from models_app import audit, signin
-from models_app.forms import ApiKeyForm, NewUserForm, RoleForm, SettingsForm
+from models_app.forms import ApiKeyForm, KeyScopeForm, NewUserForm, RoleForm, SettingsForm
 from models_app.models import ApiKey, Preset, RouterSettings
 from models_app.roles import Role, forbidden, require, role_of, set_role
 from models_app.views import common
@@ -135,6 +135,30 @@ def _new_key(request: HttpRequest) -> tuple[ApiKey, str] | None:
         return None
     key = ApiKey.objects.select_related("owner").filter(pk=shown.get("id")).first()
     return None if key is None else (key, str(shown.get("secret", "")))
+
+
+@require_http_methods(["GET", "POST"])
+@require(Role.VIEWER)
+def api_key_scope(request: HttpRequest, pk: int) -> HttpResponse:
+    """Change what an active key may do (its owner or an admin); the secret stays the same."""
+    key = get_object_or_404(ApiKey.objects.select_related("owner").active(), pk=pk)
+    is_admin = role_of(request.user) >= Role.ADMIN
+    if key.owner_id != request.user.pk and not is_admin:
+        return forbidden(request, Role.ADMIN)
+    initial = {
+        "models": key.model_patterns,
+        "max_concurrent": key.max_concurrent,
+        "priority": key.priority,
+    }
+    form = KeyScopeForm(request.POST or None, initial=initial, is_admin=is_admin, keep=key.priority)
+    if request.method == "POST" and form.is_valid():
+        key.model_patterns = form.cleaned_data["models"]
+        key.max_concurrent = form.cleaned_data["max_concurrent"]
+        key.priority = form.cleaned_data["priority"]
+        key.save(update_fields=["model_patterns", "max_concurrent", "priority"])
+        messages.success(request, f"Saved {key.name}: {key.scope_text()}.")
+        return redirect("panel:api_keys")
+    return render(request, "panel/key_scope.html", {"key": key, "form": form})
 
 
 @require_http_methods(["GET", "POST"])

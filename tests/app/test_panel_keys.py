@@ -114,6 +114,48 @@ class TestKeys:
         admin_client.post("/keys/", {"name": "urgent", "priority": "high"})
         assert list(ApiKey.objects.values_list("name", "priority")) == [("urgent", "high")]
 
+    def test_the_owner_changes_a_keys_scope_and_the_secret_stays(
+        self, viewer_client: Client, viewer: object
+    ) -> None:
+        key, secret = ApiKey.objects.issue(viewer, "laptop")
+        listing = viewer_client.get("/keys/").content.decode()
+        assert f'href="/keys/{key.pk}/scope/"' in listing
+        page = viewer_client.get(f"/keys/{key.pk}/scope/").content.decode()
+        assert "Scope of the key “laptop”" in page and 'value="high"' not in page
+        fields = {"models": "demo-*", "max_concurrent": "3", "priority": "low"}
+        done = viewer_client.post(f"/keys/{key.pk}/scope/", fields, follow=True)
+        assert "Saved laptop: models demo-*; at most 3 at once; priority low." in (
+            done.content.decode()
+        )
+        key.refresh_from_db()
+        assert (key.model_patterns, key.max_concurrent, key.priority) == ("demo-*", 3, "low")
+        assert key.hash == hash_api_key(secret)
+        viewer_client.post(f"/keys/{key.pk}/scope/", {"models": "", "priority": "normal"})
+        key.refresh_from_db()
+        assert (key.patterns, key.max_concurrent) == ((), None)
+
+    def test_a_user_may_keep_the_high_priority_an_admin_gave_but_not_take_it(
+        self, viewer_client: Client, viewer: object
+    ) -> None:
+        given, _ = ApiKey.objects.issue(viewer, "given", priority="high")
+        mine, _ = ApiKey.objects.issue(viewer, "mine")
+        kept = viewer_client.post(f"/keys/{given.pk}/scope/", {"priority": "high"})
+        assert kept.status_code == 302
+        taken = viewer_client.post(f"/keys/{mine.pk}/scope/", {"priority": "high"})
+        assert "priority" in taken.context["form"].errors
+        assert ApiKey.objects.get(pk=mine.pk).priority == "normal"
+
+    def test_others_keys_and_revoked_keys_cannot_be_rescoped(
+        self, viewer_client: Client, viewer: object, admin_client: Client
+    ) -> None:
+        theirs, _ = ApiKey.objects.issue(make_user("bob", Role.VIEWER), "theirs")
+        assert viewer_client.get(f"/keys/{theirs.pk}/scope/").status_code == 403
+        done = admin_client.post(f"/keys/{theirs.pk}/scope/", {"priority": "high"})
+        assert done.status_code == 302 and ApiKey.objects.get(pk=theirs.pk).priority == "high"
+        old, _ = ApiKey.objects.issue(viewer, "old")
+        old.revoke()
+        assert viewer_client.get(f"/keys/{old.pk}/scope/").status_code == 404
+
     def test_a_viewer_cannot_issue_a_key_for_someone_else(self, viewer_client: Client) -> None:
         bob = make_user("bob", Role.VIEWER)
         viewer_client.post("/keys/", {"name": "sneaky", "owner": bob.pk, "priority": "normal"})

@@ -1,7 +1,7 @@
 """API keys in a real browser (issue 17.1 scoped keys, issue 19 "Keys"): the form sets a key's
 scope, creating redirects and shows the secret once with a Copy button, a reload neither shows
-it again nor issues a second key, the key is held to its scope by the API, and revoking asks
-first — with and without JavaScript, and on a phone."""
+it again nor issues a second key, the key is held to its scope by the API (also after the scope
+is changed), and revoking asks first — with and without JavaScript, and on a phone."""
 
 from __future__ import annotations
 
@@ -77,6 +77,13 @@ def test_create_copy_reload_use_and_revoke_a_scoped_key(panel: Panel, quiet: Pan
     assert status == 200 and [m["id"] for m in listing["data"]] == ["demo-small"]
     assert api_post(quiet, "/tokenize", {"model": "demo-large", "content": "x"}, secret) == 403
     assert api_post(quiet, "/tokenize", {"model": "demo-small", "content": "x"}, secret) == 200
+
+    row_of(page, "browser-ci").get_by_role("link", name="Edit the scope").click()
+    page.fill("#id_models", "demo-small, demo-medium")
+    page.click("#scope-form button[type=submit]")
+    page.wait_for_selector("text=Saved browser-ci: models demo-small, demo-medium;")
+    status, listing = api_get(quiet, "/v1/models", secret)  # the same secret, the new scope
+    assert [m["id"] for m in listing["data"]] == ["demo-medium", "demo-small"]
 
     row_of(page, "browser-ci").get_by_role("link", name="Revoke").click()
     page.wait_for_selector("h1:has-text('Revoke the key “browser-ci”?')")
