@@ -79,7 +79,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_display = ("name", "owner", "prefix", "created_at", "last_used_at", "revoked_at")
     list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
     search_fields = ("name", "prefix", "owner__username")
-    fields = ("owner", "name", "prefix", "created_at", "last_used_at", "revoked_at")
+    fields = (
+        "owner", "name", "model_patterns", "max_concurrent", "priority",
+        "prefix", "created_at", "last_used_at", "revoked_at",
+    )  # fmt: skip
     readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")
     actions = ("revoke",)
 

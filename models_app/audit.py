@@ -116,3 +116,25 @@ def record_auth_failures(count: int, details: dict[str, Any]) -> AuditEvent:
         reason=f"{reason} (from {where})"[:500],
         details={"count": count} | details,
     )
+
+
+KEY_REFUSAL_REASONS = {
+    AuditKind.KEY_SCOPE: "outside the key's models",
+    AuditKind.KEY_BUSY: "over the key's concurrent-request limit",
+}
+
+
+def record_key_refusals(kind: str, count: int, details: dict[str, Any]) -> AuditEvent:
+    """Audit requests a scoped key was refused (403 scope, 429 concurrency): one row for
+    ``count`` refusals, rate-limited by the caller. The actor and model are the most frequent
+    ones of the window; ``details`` has them all."""
+    actor = next(iter(details.get("keys") or {}), "anonymous")
+    model = next(iter(details.get("models") or {}), "")
+    what = "1 request" if count == 1 else f"{count} requests"
+    return AuditEvent.objects.record(
+        kind,
+        actor=actor,
+        model=model[:200],
+        reason=f"{what} {KEY_REFUSAL_REASONS[AuditKind(kind)]}"[:500],
+        details={"count": count} | details,
+    )

@@ -8,6 +8,7 @@ router itself owns (model path, aliases, stop-timeout, …) have fields of their
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import re
 import secrets
@@ -431,14 +432,56 @@ def hash_api_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+class KeyPriority(TextChoices):
+    """A key's priority class: stored now, read by the fair-share queue policy (issue 17.5)."""
+
+    LOW = "low", "low"
+    NORMAL = "normal", "normal"
+    HIGH = "high", "high"
+
+
+def parse_model_patterns(text: str) -> tuple[str, ...]:
+    """Split ``"qwen*, llama-3*"`` into patterns; empty (or only commas) means every model."""
+    return tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+
+
+def validate_model_patterns(text: str) -> None:
+    for pattern in parse_model_patterns(text):
+        if _CONTROL.search(pattern) or any(c.isspace() for c in pattern):
+            raise ValidationError(f"Model pattern {pattern!r} contains a space or a control.")
+
+
+def patterns_allow(patterns: tuple[str, ...], names: Any) -> bool:
+    """Whether any of ``names`` (a model's name and aliases) matches any pattern; no patterns:
+    yes. Case-sensitive, as model ids are (``fnmatchcase``: ``*``, ``?``, ``[seq]``)."""
+    if not patterns:
+        return True
+    return any(fnmatch.fnmatchcase(name, pattern) for name in names for pattern in patterns)
+
+
 class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
     def active(self) -> ApiKeyQuerySet:
         active: ApiKeyQuerySet = self.filter(revoked_at__isnull=True)
         return active
 
-    def issue(self, owner: Any, name: str) -> tuple[ApiKey, str]:
+    def issue(
+        self,
+        owner: Any,
+        name: str,
+        *,
+        model_patterns: str = "",
+        max_concurrent: int | None = None,
+        priority: str = KeyPriority.NORMAL,
+    ) -> tuple[ApiKey, str]:
         """Create a key for ``owner``; return it with the secret, which is never stored."""
-        key = ApiKey(owner=owner, name=name)
+        key = ApiKey(
+            owner=owner,
+            name=name,
+            model_patterns=", ".join(parse_model_patterns(model_patterns)),
+            max_concurrent=max_concurrent or None,
+            priority=priority,
+        )
+        key.full_clean(exclude=["owner", "name", "prefix", "hash"])
         secret = key.set_new_secret()
         key.save(force_insert=True)
         return key, secret
@@ -466,6 +509,28 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Scope (issue 17.1): which models, how many requests at once, which priority class.
+    model_patterns = models.CharField(
+        "models",
+        max_length=1000,
+        blank=True,
+        validators=[validate_model_patterns],
+        help_text="Comma-separated patterns such as qwen*, matched against a model's name and "
+        "aliases. Empty: every model.",
+    )
+    max_concurrent = models.PositiveIntegerField(
+        "max concurrent requests",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Requests this key may have in flight (queued or answering). Empty: no limit.",
+    )
+    priority = models.CharField(
+        max_length=8,
+        choices=KeyPriority.choices,
+        default=KeyPriority.NORMAL,
+        help_text="Priority class for the fair-share queue policy.",
+    )
 
     # Typed as its queryset: the manager as_manager() makes has the queryset's methods.
     objects: ClassVar[ApiKeyQuerySet] = ApiKeyQuerySet.as_manager()
@@ -503,6 +568,16 @@ class ApiKey(models.Model):
     def revoked(self) -> bool:
         return self.revoked_at is not None
 
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        return parse_model_patterns(self.model_patterns)
+
+    def scope_text(self) -> str:
+        """``"models qwen*, llama-3*; at most 2 at once; priority high"``: what the key may do."""
+        models_text = ", ".join(self.patterns) or "all"
+        limit = f"at most {self.max_concurrent} at once" if self.max_concurrent else "no limit"
+        return f"models {models_text}; {limit}; priority {self.priority}"
+
     def revoke(self) -> None:
         if self.revoked_at is None:
             self.revoked_at = timezone.now()
@@ -532,6 +607,8 @@ class AuditKind(TextChoices):
     PRESET_DELETED = "preset_deleted", "preset deleted"
     SETTINGS_CHANGED = "settings_changed", "settings changed"
     AUTH_FAILED = "auth_failed", "API login failed"
+    KEY_SCOPE = "key_scope", "API key used outside its models"
+    KEY_BUSY = "key_busy", "API key over its concurrency"
     RETENTION = "retention", "audit rows deleted (retention)"
     HUNG = "hung", "hung child killed"
     CRASH_BACKOFF = "crash_backoff", "crash-loop back-off"

@@ -27,6 +27,7 @@ urlpatterns = [
     path("logs/<path:model>/", admin_pages.model_logs, name="logs"),
     path("settings/", admin_pages.settings_page, name="settings"),
     path("keys/", admin_pages.api_keys, name="api_keys"),
+    path("keys/<int:pk>/scope/", admin_pages.api_key_scope, name="api_key_scope"),
     path("keys/<int:pk>/revoke/", admin_pages.api_key_revoke, name="api_key_revoke"),
     path("users/", admin_pages.users, name="users"),
     path("users/<int:pk>/role/", admin_pages.user_role, name="user_role"),

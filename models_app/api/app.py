@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from models_app import security
-from models_app.api import auth, proxy, routes, sse
+from models_app.api import auth, proxy, routes, scopes, sse
 from models_app.api.config import ApiConfig
 from models_app.api.errors import NOT_FOUND, UNAUTHORIZED, ApiError, error_body
 from models_app.api.request import JSON_TYPE, ClientGone, Message, Receive, Request, Scope, Send
@@ -134,6 +134,7 @@ class Api:
         keys: auth.KeyStore | None = None,
         config: ApiConfig | None = None,
         login_failures: auth.LoginFailures | None = None,
+        gate: scopes.Gate | None = None,
     ) -> None:
         self.django = django_app
         self.router = router or RouterClient()
@@ -141,6 +142,7 @@ class Api:
         self.ready_client = self.router.with_timeout(READY_TIMEOUT)
         self.keys = keys or auth.DEFAULT
         self.login_failures = login_failures  # None: 401s are not audited (tests)
+        self.gate = gate or scopes.Gate(self.keys)  # scoped keys; unaudited unless given
         self.config = config or ApiConfig()
         self.upstreams = Upstreams(self.config)
         self.routes = route_table()
@@ -191,7 +193,8 @@ class Api:
             if route.changes_state:
                 self.refuse_foreign_origin(request)
             if not route.public:
-                request.actor = await self.keys.authenticate(request.headers)
+                request.caller = await self.keys.identify(request.headers)
+                request.actor = request.caller.actor
             await route.handler(self, request)
         except auth.Unauthorized:
             if self.login_failures is not None:
@@ -295,5 +298,13 @@ def build_http_app(django_app: AsgiApp, **kwargs: Any) -> Api:
 
     auth.connect_signals()
     kwargs.setdefault("login_failures", auth.LoginFailures())
+    kwargs.setdefault(
+        "gate",
+        scopes.Gate(
+            kwargs.get("keys") or auth.DEFAULT,
+            scope_refusals=scopes.audited(scopes.SCOPE),
+            busy_refusals=scopes.audited(scopes.BUSY),
+        ),
+    )
     kwargs.setdefault("config", ApiConfig(sse_keepalive=settings.ROUTERPANEL["SSE_KEEPALIVE"]))
     return Api(django_app, **kwargs)

@@ -6,7 +6,9 @@ Two kinds of key are accepted:
   ``key:api-key-<n>`` (their position in the list, from 1);
 * users' keys stored hashed in the database (``ApiKey``), acting as ``key:<owner>/<name>``.
 
-A request without a valid key acts as ``anonymous``. Keys are **required** when any static key is
+A request without a valid key acts as ``anonymous``. A user's key may carry a scope (models,
+concurrent requests, priority; issue 17.1): ``identify`` returns it as a ``Caller`` and
+``scopes.Gate`` holds the request to it. Keys are **required** when any static key is
 configured or ``RouterSettings.require_api_key`` is on. Merely having personal keys in the
 database does not require them: issuing the first personal key must not lock every other client
 out; it is the admin's explicit switch (llama.cpp equally requires keys only when given some).
@@ -52,13 +54,38 @@ class Unauthorized(Exception):
     """Answer 401 ``Invalid API Key`` (ROUTER_SPEC 9.1)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a request acts as, and what its key allows (issue 17.1; ``scopes.Gate`` enforces it).
+
+    Static keys and anonymous callers are unscoped: every model, no limit, normal priority.
+    """
+
+    actor: str
+    key_id: int | None = None
+    models: tuple[str, ...] = ()  # fnmatch patterns; empty: every model
+    max_concurrent: int | None = None  # requests in flight at once; None: no limit
+    priority: str = "normal"
+
+    def may_use(self, names: Iterable[str]) -> bool:
+        """Whether the key may use a model known by ``names`` (its name and its aliases)."""
+        from models_app.models import patterns_allow
+
+        return patterns_allow(self.models, names)
+
+
+ANONYMOUS_CALLER = Caller(ANONYMOUS)
+
+
 @dataclass(frozen=True)
 class KeyTable:
-    """What the database says: whether keys are required, and the active keys by hash."""
+    """What the database says: whether keys are required, the active keys by hash, and every
+    preset's names (name and aliases) under each of them, to check a scope by alias."""
 
     required: bool
-    keys: Mapping[str, tuple[int, str]] = field(default_factory=dict)  # hash -> (id, actor)
+    keys: Mapping[str, Caller] = field(default_factory=dict)  # hash -> caller
     operators: frozenset[str] = frozenset()  # actors whose owner may load and unload
+    names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name/alias -> all names
 
 
 def load_from_database() -> KeyTable:
@@ -70,17 +97,39 @@ def load_from_database() -> KeyTable:
         required = (
             RouterSettings.objects.filter(pk=1).values_list("require_api_key", flat=True).first()
         )
-        rows = ApiKey.objects.active().values_list(
-            "id", "hash", "name", "owner__username", "owner__is_superuser"
-        )
-        keys = {digest: (pk, f"key:{owner}/{name}") for pk, digest, name, owner, _ in rows}
-        operators = _operators({(owner, admin) for _, _, _, owner, admin in rows})
-        operator_actors = frozenset(
-            f"key:{owner}/{name}" for _, _, name, owner, _ in rows if owner in operators
-        )
-        return KeyTable(bool(required), keys, operator_actors)
+        rows = list(
+            ApiKey.objects.active().values_list(
+                "id", "hash", "name", "owner__username", "owner__is_superuser",
+                "model_patterns", "max_concurrent", "priority",
+            )
+        )  # fmt: skip
+        keys = {row[1]: _caller(row) for row in rows}
+        operators = _operators({(row[3], row[4]) for row in rows})
+        operator_actors = frozenset(f"key:{row[3]}/{row[2]}" for row in rows if row[3] in operators)
+        return KeyTable(bool(required), keys, operator_actors, _preset_names())
     finally:
         close_old_connections()
+
+
+def _caller(row: tuple[Any, ...]) -> Caller:
+    from models_app.models import parse_model_patterns
+
+    pk, _, name, owner, _, patterns, max_concurrent, priority = row
+    return Caller(
+        f"key:{owner}/{name}", pk, parse_model_patterns(patterns), max_concurrent, priority
+    )
+
+
+def _preset_names() -> dict[str, tuple[str, ...]]:
+    """Map each preset's name and each alias to all of them (name first)."""
+    from models_app.models import Preset
+
+    names: dict[str, tuple[str, ...]] = {}
+    for name, aliases in Preset.objects.values_list("name", "aliases"):
+        every = (name, *(a for a in aliases or () if isinstance(a, str)))
+        for each in every:
+            names.setdefault(each, every)
+    return names
 
 
 def _operators(owners: set[tuple[str, bool]]) -> set[str]:
@@ -157,23 +206,36 @@ class KeyStore:
 
     async def authenticate(self, headers: Mapping[bytes, bytes]) -> str:
         """Return the request's actor, or raise ``Unauthorized``."""
+        return (await self.identify(headers)).actor
+
+    async def identify(self, headers: Mapping[bytes, bytes]) -> Caller:
+        """Return who the request acts as and what its key allows, or raise ``Unauthorized``."""
         table = await self._current()
         key = presented_key(headers)
         if key is not None:
             hashed = digest(key)
             actor = self._static.get(hashed)
             if actor is not None:
-                return actor
+                return Caller(actor)
             found = table.keys.get(hashed)
             if found is None and self._clock() - self._loaded_at > self.miss_refresh:
                 table = await self._refresh()  # a key issued moments ago in another process
                 found = table.keys.get(hashed)
             if found is not None:
-                self._note_use(found[0])
-                return found[1]
+                if found.key_id is not None:
+                    self._note_use(found.key_id)
+                return found
         if self._static or table.required:
             raise Unauthorized
-        return ANONYMOUS
+        return ANONYMOUS_CALLER
+
+    def names_of(self, model: str) -> tuple[str, ...]:
+        """A requested model's names: its preset's name and aliases, or just itself if no
+        preset is known by it (from the cached table: a preset renamed in another process is
+        seen within ``ttl``)."""
+        if self._table is None:
+            return (model,)
+        return self._table.names.get(model, (model,))
 
     def may_operate(self, actor: str) -> bool:
         """Whether ``actor`` may load and unload models: static keys and an open router may;
@@ -239,10 +301,11 @@ def _invalidate_all(**kwargs: Any) -> None:
 
 
 def connect_signals() -> None:
-    """Invalidate every store when a key or the settings row changes in this process."""
-    from models_app.models import ApiKey, RouterSettings
+    """Invalidate every store when a key, a preset or the settings row changes in this
+    process."""
+    from models_app.models import ApiKey, Preset, RouterSettings
 
-    for sender in (ApiKey, RouterSettings):
+    for sender in (ApiKey, RouterSettings, Preset):
         post_save.connect(_invalidate_all, sender=sender, dispatch_uid=f"api-auth-{sender}")
         post_delete.connect(_invalidate_all, sender=sender, dispatch_uid=f"api-auth-del-{sender}")
 
@@ -268,42 +331,34 @@ def record_in_database(count: int, details: dict[str, Any]) -> None:
         close_old_connections()
 
 
-class LoginFailures:
-    """Audit 401s without letting a flood flood the audit table (DESIGN §6, issue 5).
+class AuditWindow:
+    """Audit refusals without letting a flood flood the audit table (DESIGN §6, issue 5).
 
-    The first failure after a quiet spell is written at once (one row); the ones that follow
+    The first refusal after a quiet spell is written at once (one row); the ones that follow
     within ``window`` seconds are counted and written as one row when the window ends, and so
-    on while failures keep coming — at most two rows per window, whatever the request rate.
-    Rows say how many, from which clients and paths, and which keys (a short hash, never the
-    key). Writes run in a thread; ``note`` never blocks the request.
+    on while refusals keep coming — at most two rows per window, whatever the request rate.
+    A row says how many, and for each of ``FIELDS`` which values how often (at most
+    ``MAX_DISTINCT`` each). Writes run in a thread; ``count`` never blocks the request.
     """
 
-    MAX_DISTINCT = 20  # clients, paths or keys kept per row; the rest are counted as "other"
+    MAX_DISTINCT = 20  # values kept per field and row; the rest are counted as "other"
+    FIELDS: tuple[str, ...] = ()
 
     def __init__(
-        self,
-        writer: Callable[[int, dict[str, Any]], None] = record_in_database,
-        *,
-        window: float = 60.0,
+        self, writer: Callable[[int, dict[str, Any]], None], *, window: float = 60.0
     ) -> None:
         self._writer = writer
         self.window = window
         self._open = False
         self._count = 0
-        self._clients: Counter[str] = Counter()
-        self._paths: Counter[str] = Counter()
-        self._keys: Counter[str] = Counter()
+        self._values: dict[str, Counter[str]] = {name: Counter() for name in self.FIELDS}
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def note(self, scope: Mapping[str, Any], headers: Mapping[bytes, bytes]) -> None:
-        """Count one failed login of the request with ``scope`` and ``headers``."""
-        key = presented_key(headers)
-        client = (scope.get("client") or ("unknown",))[0]
-        path = scope.get("path", "")
+    def count(self, **values: str) -> None:
+        """Count one refusal; ``values`` has one value for each of ``FIELDS``."""
         self._count += 1
-        _add(self._clients, str(client), self.MAX_DISTINCT)
-        _add(self._paths, path, self.MAX_DISTINCT)
-        _add(self._keys, digest(key)[:12] if key else "none", self.MAX_DISTINCT)
+        for name, value in values.items():
+            _add(self._values[name], value, self.MAX_DISTINCT)
         if not self._open:  # quiet until now: say so at once, then aggregate
             self._open = True
             self._write()
@@ -317,14 +372,10 @@ class LoginFailures:
         asyncio.get_running_loop().call_later(self.window, self._window_ended)
 
     def _write(self) -> None:
-        details = {
-            "window_seconds": self.window,
-            "clients": dict(self._clients.most_common()),
-            "paths": dict(self._paths.most_common()),
-            "keys": dict(self._keys.most_common()),
-        }
+        details: dict[str, Any] = {"window_seconds": self.window}
+        details |= {name: dict(counter.most_common()) for name, counter in self._values.items()}
         count, self._count = self._count, 0
-        self._clients, self._paths, self._keys = Counter(), Counter(), Counter()
+        self._values = {name: Counter() for name in self.FIELDS}
         write = sync_to_async(self._writer, thread_sensitive=False)
         task = asyncio.ensure_future(self._guarded(write, count, details))
         self._tasks.add(task)
@@ -334,13 +385,41 @@ class LoginFailures:
     async def _guarded(write: Any, count: int, details: dict[str, Any]) -> None:
         try:
             await write(count, details)
-        except Exception:  # the database may be down: a lost 401 row must not break the API
-            log.warning("could not audit %d failed API logins", count, exc_info=True)
+        except Exception:  # the database may be down: a lost audit row must not break the API
+            log.warning("could not audit %d refused API requests", count, exc_info=True)
 
     async def drain(self) -> None:
         """Wait for the writes under way (tests)."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class LoginFailures(AuditWindow):
+    """Audit 401s, rate-limited (``AuditWindow``): which clients, paths and keys (a short
+    hash, never the key)."""
+
+    FIELDS = ("clients", "paths", "keys")
+
+    def __init__(
+        self,
+        writer: Callable[[int, dict[str, Any]], None] = record_in_database,
+        *,
+        window: float = 60.0,
+    ) -> None:
+        super().__init__(writer, window=window)
+
+    def note(self, scope: Mapping[str, Any], headers: Mapping[bytes, bytes]) -> None:
+        """Count one failed login of the request with ``scope`` and ``headers``."""
+        key = presented_key(headers)
+        self.count(
+            clients=client_of(scope),
+            paths=scope.get("path", ""),
+            keys=digest(key)[:12] if key else "none",
+        )
+
+
+def client_of(scope: Mapping[str, Any]) -> str:
+    return str((scope.get("client") or ("unknown",))[0])
 
 
 def _add(counter: Counter[str], value: str, limit: int) -> None:

@@ -137,6 +137,7 @@ async def forward(api: Api, request: Request, model: str, body: bytes) -> None:
     if not model:
         raise ApiError(400, "model name is missing from the request")
     autoload = autoload_flag(request.query("autoload"))
+    ticket = api.gate.admit(request, model)  # issue 17.1: 403 out of scope, 429 over the limit
     router_id = api.claim_request_id(request.request_id)
     request.watch_disconnect()
     try:
@@ -149,6 +150,7 @@ async def forward(api: Api, request: Request, model: str, body: bytes) -> None:
         finally:
             await lease.release()
     finally:
+        ticket.release()  # also when cancelled or the client left
         api.release_request_id(router_id)
 
 

@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl
 
 from django.conf import settings
 
+from models_app.api.auth import ANONYMOUS_CALLER, Caller
 from models_app.api.errors import NOT_FOUND, ApiError, dumps
 
 Scope = MutableMapping[str, Any]
@@ -63,6 +64,7 @@ class Request:
         "_send",
         "_watcher",
         "actor",
+        "caller",
         "client_gone",
         "cors",
         "finished",
@@ -84,6 +86,7 @@ class Request:
         self.headers: dict[bytes, bytes] = dict(scope["headers"])
         self.request_id = request_id_from(self.headers.get(b"x-request-id"))
         self.actor = "anonymous"
+        self.caller: Caller = ANONYMOUS_CALLER  # the key's scope (issue 17.1), set with actor
         self.started = False  # the response's status line is out: errors can no longer be sent
         self.finished = False  # the last body message is (being) sent
         self.client_gone = False

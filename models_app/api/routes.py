@@ -79,7 +79,8 @@ async def list_models(api: Api, request: Request) -> None:
         answer = await api.router.reload(actor=request.actor, sources=True)  # 500
         removed = set(answer.get("removed") or ())
     snapshot = await _until_stopped(api, removed)
-    await request.respond_json(listing.render(snapshot.get("models") or (), time.time()))
+    models = api.gate.visible(request.caller, snapshot.get("models") or ())  # a key's scope
+    await request.respond_json(listing.render(models, time.time()))
 
 
 async def _until_stopped(api: Api, removed: set[str]) -> dict[str, Any]:
@@ -112,6 +113,7 @@ async def load(api: Api, request: Request) -> None:
     if not model:
         raise ApiError(404, "model is not found")  # llama.cpp looks "" up: not found, 404
     _check_operator(api, request)
+    api.gate.check(request, model)
     await request.respond_json(await api.router.load(model, actor=request.actor))
 
 
@@ -121,6 +123,7 @@ async def unload(api: Api, request: Request) -> None:
     if not model:
         raise ApiError(400, "model is not found")
     _check_operator(api, request)
+    api.gate.check(request, model)
     await request.respond_json(await api.router.unload(model, actor=request.actor))
 
 
@@ -138,6 +141,8 @@ async def cancel_queued(api: Api, request: Request) -> None:
     if bool(model) == bool(request_id):
         raise ApiError(400, "give exactly one of 'model' or 'request_id'")
     _check_operator(api, request)
+    if model:
+        api.gate.check(request, model)
     answer = await api.router.cancel_queued(
         actor=request.actor, model=model, queued_request=request_id
     )

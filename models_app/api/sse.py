@@ -114,7 +114,7 @@ class LlamaEvents:
 async def stream_events(api: Api, request: Request) -> None:
     """Stream llama.cpp's model events until the client disconnects."""
     queue: asyncio.Queue[bytes] = asyncio.Queue()
-    pumping = asyncio.ensure_future(_pump(api, queue))
+    pumping = asyncio.ensure_future(_pump(api, queue, request))
     for _ in range(_SUBSCRIBE_YIELDS):
         await asyncio.sleep(0)
     request.watch_disconnect()
@@ -141,12 +141,14 @@ async def stream_events(api: Api, request: Request) -> None:
         pumping.cancel()
 
 
-async def _pump(api: Api, queue: asyncio.Queue[bytes]) -> None:
+async def _pump(api: Api, queue: asyncio.Queue[bytes], request: Request) -> None:
     translator = LlamaEvents()
     try:
         async for event in api.router.events():
             for item in translator.translate(event):
-                queue.put_nowait(b"data: " + dumps(item) + b"\n\n")
+                model = item["model"]
+                if model == "*" or api.gate.allows(request.caller, model):  # a key's scope
+                    queue.put_nowait(b"data: " + dumps(item) + b"\n\n")
     except Exception:
         log.warning("router event stream failed; closing an SSE stream", exc_info=True)
     queue.put_nowait(_END)

@@ -13,7 +13,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from models_app import audit, signin
-from models_app.forms import ApiKeyForm, NewUserForm, RoleForm, SettingsForm
+from models_app.forms import ApiKeyForm, KeyScopeForm, NewUserForm, RoleForm, SettingsForm
 from models_app.models import ApiKey, Preset, RouterSettings
 from models_app.roles import Role, forbidden, require, role_of, set_role
 from models_app.views import common
@@ -93,31 +93,83 @@ def _days(value: int | None) -> str:
 # ---- API keys ---------------------------------------------------------------------------------
 
 
+NEW_KEY = "panel.new_api_key"  # session: the key just created, until the page showing it
+
+
 @require_http_methods(["GET", "POST"])
 @require(Role.VIEWER)
 def api_keys(request: HttpRequest) -> HttpResponse:
-    """Your keys (admins: everyone's); a new key is shown once, on this response only."""
+    """Your keys (admins: everyone's); a new key is shown once.
+
+    POST-redirect-GET: a valid form issues the key, keeps its secret in the session and
+    redirects; the next GET takes it out of the session and shows it, so reloading neither
+    issues a second key nor shows the secret again.
+    """
     is_admin = role_of(request.user) >= Role.ADMIN
     form = ApiKeyForm(request.POST or None, user=request.user, is_admin=is_admin)
-    created: tuple[ApiKey, str] | None = None
     if request.method == "POST" and form.is_valid():
-        created = ApiKey.objects.issue(form.cleaned_data["owner"], form.cleaned_data["name"])
-        form = ApiKeyForm(user=request.user, is_admin=is_admin)
+        data = form.cleaned_data
+        key, secret = ApiKey.objects.issue(
+            data["owner"],
+            data["name"],
+            model_patterns=data["models"],
+            max_concurrent=data["max_concurrent"],
+            priority=data["priority"],
+        )
+        request.session[NEW_KEY] = {"id": key.pk, "secret": secret}
+        return redirect("panel:api_keys")
     keys = ApiKey.objects.select_related("owner").order_by("-created_at")
     if not is_admin:
         keys = keys.filter(owner=request.user)
+    created = _new_key(request) if request.method == "GET" else None
     context = {"form": form, "keys": keys, "created": created, "is_admin": is_admin}
     response = render(request, "panel/keys.html", context)
     response["Cache-Control"] = "no-store"  # the page may hold a secret
     return response
 
 
-@require_POST
+def _new_key(request: HttpRequest) -> tuple[ApiKey, str] | None:
+    """Take the key created just now out of the session (it is shown on one page only)."""
+    shown = request.session.pop(NEW_KEY, None)
+    if not isinstance(shown, dict):
+        return None
+    key = ApiKey.objects.select_related("owner").filter(pk=shown.get("id")).first()
+    return None if key is None else (key, str(shown.get("secret", "")))
+
+
+@require_http_methods(["GET", "POST"])
+@require(Role.VIEWER)
+def api_key_scope(request: HttpRequest, pk: int) -> HttpResponse:
+    """Change what an active key may do (its owner or an admin); the secret stays the same."""
+    key = get_object_or_404(ApiKey.objects.select_related("owner").active(), pk=pk)
+    is_admin = role_of(request.user) >= Role.ADMIN
+    if key.owner_id != request.user.pk and not is_admin:
+        return forbidden(request, Role.ADMIN)
+    initial = {
+        "models": key.model_patterns,
+        "max_concurrent": key.max_concurrent,
+        "priority": key.priority,
+    }
+    form = KeyScopeForm(request.POST or None, initial=initial, is_admin=is_admin, keep=key.priority)
+    if request.method == "POST" and form.is_valid():
+        key.model_patterns = form.cleaned_data["models"]
+        key.max_concurrent = form.cleaned_data["max_concurrent"]
+        key.priority = form.cleaned_data["priority"]
+        key.save(update_fields=["model_patterns", "max_concurrent", "priority"])
+        messages.success(request, f"Saved {key.name}: {key.scope_text()}.")
+        return redirect("panel:api_keys")
+    return render(request, "panel/key_scope.html", {"key": key, "form": form})
+
+
+@require_http_methods(["GET", "POST"])
 @require(Role.VIEWER)
 def api_key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
-    key = get_object_or_404(ApiKey, pk=pk)
+    """GET asks to confirm (a page, so it works without JavaScript); POST revokes."""
+    key = get_object_or_404(ApiKey.objects.select_related("owner"), pk=pk)
     if key.owner_id != request.user.pk and role_of(request.user) < Role.ADMIN:
         return forbidden(request, Role.ADMIN)
+    if request.method == "GET":
+        return render(request, "panel/key_revoke.html", {"key": key})
     key.revoke()
     messages.success(request, f"Revoked {key}.")
     return redirect("panel:api_keys")

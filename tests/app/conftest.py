@@ -199,13 +199,22 @@ async def router(layer: InMemoryChannelLayer) -> AsyncIterator[FakeRouter]:
 
 @pytest.fixture
 def key_table() -> dict[str, Any]:
-    """Edit to change what the 'database' says: {"required": bool, "keys": {hash: (id, actor)}}."""
-    return {"required": False, "keys": {}}
+    """Edit to change what the 'database' says: {"required": bool, "keys": {hash: Caller},
+    "names": {name or alias: (name, *aliases)}, "operators": {actor}}."""
+    return {"required": False, "keys": {}, "names": {}, "operators": set()}
 
 
 @pytest.fixture
 def keys(key_table: dict[str, Any]) -> KeyStore:
-    return KeyStore(lambda: KeyTable(key_table["required"], dict(key_table["keys"])), None)
+    def load() -> KeyTable:
+        return KeyTable(
+            key_table["required"],
+            dict(key_table["keys"]),
+            frozenset(key_table["operators"]),
+            dict(key_table["names"]),
+        )
+
+    return KeyStore(load, None)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from channels.layers import InMemoryChannelLayer
 from django.contrib.auth import get_user_model
 
 from models_app.api import Api, ApiConfig, auth
-from models_app.api.auth import KeyStore, KeyTable, digest
+from models_app.api.auth import Caller, KeyStore, KeyTable, digest
 from models_app.bridge import RouterClient
 from models_app.models import ApiKey, RouterSettings
 from tests.app.conftest import AsgiClient, django_stand_in
@@ -25,7 +25,7 @@ SECRET = "rp-test-secret-0123456789"
 @pytest.fixture
 def required(key_table: dict) -> dict:
     key_table["required"] = True
-    key_table["keys"] = {digest(SECRET): (1, "key:alice/laptop")}
+    key_table["keys"] = {digest(SECRET): Caller("key:alice/laptop", 1)}
     return key_table
 
 
@@ -115,7 +115,7 @@ class TestOptionalKeys:
     async def test_a_users_key_still_names_the_actor(
         self, client: AsgiClient, router: FakeRouter, key_table: dict, sim_model: str
     ) -> None:
-        key_table["keys"] = {digest(SECRET): (1, "key:bob/ci")}
+        key_table["keys"] = {digest(SECRET): Caller("key:bob/ci", 1)}
         await client.post("/tokenize", {"model": "m"}, headers={"x-api-key": SECRET})
         assert (await router.wait_for("router.acquire"))["actor"] == "key:bob/ci"
 
@@ -145,7 +145,7 @@ class TestKeyStoreCache:
         store = KeyStore(loader, None, ttl=60, miss_refresh=1.0, clock=lambda: now[0])
         with pytest.raises(auth.Unauthorized):
             await store.authenticate({b"x-api-key": b"fresh"})
-        table["keys"] = {digest("fresh"): (9, "key:carol/new")}  # issued in another process
+        table["keys"] = {digest("fresh"): Caller("key:carol/new", 9)}  # issued in another process
         with pytest.raises(auth.Unauthorized):
             await store.authenticate({b"x-api-key": b"fresh"})  # too soon to ask again
         now[0] = 1.5

@@ -78,9 +78,9 @@ class TestApiKeyAdmin:
     ) -> None:
         form = admin_client.get("/admin/models_app/apikey/add/").content.decode()
         assert 'name="hash"' not in form
-        response = admin_client.post(
-            "/admin/models_app/apikey/add/", {"owner": alice.pk, "name": "laptop"}, follow=True
-        )
+        assert 'name="model_patterns"' in form and 'name="max_concurrent"' in form
+        fields = {"owner": alice.pk, "name": "laptop", "priority": "normal"}  # as the form posts
+        response = admin_client.post("/admin/models_app/apikey/add/", fields, follow=True)
         assert response.status_code == 200
         key = ApiKey.objects.get()
         shown = [str(m) for m in response.context["messages"]]
@@ -104,3 +104,57 @@ class TestApiKeyAdmin:
         assert response.status_code == 200
         key.refresh_from_db()
         assert key.revoked_at is not None
+
+
+class TestScopedKeyCommand:
+    def test_it_stores_the_scope_given_on_the_command_line(self, alice: object) -> None:
+        err = StringIO()
+        call_command(
+            "create_api_key", "alice", "batch", "--models", "qwen*, llama-3*,,",
+            "--max-concurrent", "2", "--priority", "low", stdout=StringIO(), stderr=err,
+        )  # fmt: skip
+        key = ApiKey.objects.get()
+        assert key.patterns == ("qwen*", "llama-3*") and key.model_patterns == "qwen*, llama-3*"
+        assert (key.max_concurrent, key.priority) == (2, "low")
+        assert "models qwen*, llama-3*; at most 2 at once; priority low" in err.getvalue()
+
+    def test_without_options_a_key_may_use_everything(self, alice: object) -> None:
+        call_command("create_api_key", "alice", "ci", stdout=StringIO(), stderr=StringIO())
+        key = ApiKey.objects.get()
+        assert (key.patterns, key.max_concurrent, key.priority) == ((), None, "normal")
+
+    @pytest.mark.parametrize(
+        ("option", "value", "message"),
+        [
+            ("--max-concurrent", "0", "whole number of at least 1"),
+            ("--max-concurrent", "lots", "whole number of at least 1"),
+            ("--priority", "urgent", "invalid choice"),
+        ],
+    )
+    def test_bad_values_are_refused_before_anything_is_stored(
+        self, alice: object, option: str, value: str, message: str
+    ) -> None:
+        with pytest.raises(CommandError, match=message):
+            call_command("create_api_key", "alice", "ci", option, value, stdout=StringIO())
+        assert not ApiKey.objects.exists()
+
+    def test_a_pattern_with_a_space_is_refused(self, alice: object) -> None:
+        with pytest.raises(CommandError, match="contains a space"):
+            call_command("create_api_key", "alice", "ci", "--models", "qwen 7b", stdout=StringIO())
+        assert not ApiKey.objects.exists()
+
+
+class TestKeyTableFromTheDatabase:
+    def test_it_carries_each_keys_scope_and_every_presets_names(self, alice: object) -> None:
+        from models_app.api.auth import Caller, digest, load_from_database
+        from models_app.models import Preset
+
+        Preset.objects.create(name="qwen-7b", aliases=["fast", "q7"])
+        _, secret = ApiKey.objects.issue(
+            alice, "batch", model_patterns="qwen*", max_concurrent=3, priority="high"
+        )
+        table = load_from_database()
+        assert table.keys[digest(secret)] == Caller(
+            "key:alice/batch", ApiKey.objects.get().pk, ("qwen*",), 3, "high"
+        )
+        assert table.names["q7"] == table.names["qwen-7b"] == ("qwen-7b", "fast", "q7")

@@ -66,6 +66,7 @@ def posts(preset: Preset, other_key: ApiKey) -> dict[str, tuple[dict[str, Any], 
         "/users/": ({"username": "new", "password": "x", "role": "admin"}, Role.ADMIN),
         f"/users/{other_key.owner_id}/role/": ({"role": "admin"}, Role.ADMIN),
         f"/keys/{other_key.pk}/revoke/": ({}, Role.ADMIN),
+        f"/keys/{other_key.pk}/scope/": ({"models": "x", "priority": "low"}, Role.ADMIN),
     }
 
 

@@ -1,14 +1,30 @@
-"""``manage.py create_api_key USER NAME``: issue an API key and print it, once."""
+"""``manage.py create_api_key USER NAME [--models PATTERNS] [--max-concurrent N]
+[--priority CLASS]``: issue an API key, optionally scoped, and print it, once."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import IntegrityError
 
-from models_app.models import ApiKey
+from models_app.models import ApiKey, KeyPriority
+
+
+def positive(text: str) -> int:
+    """``--max-concurrent``: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+positive.__name__ = "whole number of at least 1"  # argparse names the type in its error
 
 
 class Command(BaseCommand):
@@ -20,6 +36,26 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("user", help="the username who owns the key")
         parser.add_argument("name", help="what the key is for, e.g. laptop (unique per user)")
+        parser.add_argument(
+            "--models",
+            default="",
+            metavar="PATTERNS",
+            help="models the key may use: comma-separated patterns such as 'qwen*,llama-3*', "
+            "matched against each model's name and aliases (default: every model)",
+        )
+        parser.add_argument(
+            "--max-concurrent",
+            type=positive,
+            default=None,
+            metavar="N",
+            help="requests the key may have in flight at once (default: no limit)",
+        )
+        parser.add_argument(
+            "--priority",
+            choices=KeyPriority.values,  # type: ignore[attr-defined]
+            default=KeyPriority.NORMAL.value,
+            help="priority class for the fair-share queue policy (default: normal)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         users = get_user_model()
@@ -31,13 +67,22 @@ class Command(BaseCommand):
         if not name:
             raise CommandError("the key needs a name")
         try:
-            key, secret = ApiKey.objects.issue(owner, name)
+            key, secret = ApiKey.objects.issue(
+                owner,
+                name,
+                model_patterns=options["models"],
+                max_concurrent=options["max_concurrent"],
+                priority=options["priority"],
+            )
         except IntegrityError:
             raise CommandError(
                 f"{owner.get_username()} already has an active key named {name!r}"
             ) from None
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from None
         self.stdout.write(secret)
         self.stderr.write(
             f"Created API key {key.name!r} ({key.prefix}…) for {owner.get_username()}; "
-            "it acts as " + key.actor + ". Copy it now: it will not be shown again."
+            f"it acts as {key.actor} ({key.scope_text()}). "
+            "Copy it now: it will not be shown again."
         )
