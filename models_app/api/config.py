@@ -19,7 +19,6 @@ class ApiConfig:
     # Idle pooled connections are dropped before llama-server's own 5 s keep-alive timeout, so
     # the common "closed while idle" race does not even start (the retry covers the rest).
     keepalive_expiry: float = 4.0
-    max_keepalive_per_child: int = 64
     # A child's answer framed by Content-Length up to this size is read whole and goes out with
     # the child's Content-Length (not re-chunked); a bigger one streams through chunked.
     whole_answer_bytes: int = 1 * MIB

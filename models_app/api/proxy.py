@@ -25,13 +25,12 @@ from email import policy
 from email.parser import BytesParser
 from typing import TYPE_CHECKING
 
-import httpx
-
 from models_app import runtime
 from models_app.api import jsonbody
 from models_app.api.errors import ApiError, dumps
 from models_app.api.lease import LeaseKeeper
 from models_app.api.request import Request
+from models_app.api.upstream import Answer, UpstreamError
 from models_app.bridge import Grant
 
 if TYPE_CHECKING:
@@ -75,17 +74,6 @@ _DROP_RESPONSE = frozenset(
         b"proxy-connection", b"te", b"trailer", b"upgrade", b"x-request-id",
     }
 )  # fmt: skip
-
-# cpp-httplib's texts for the failures a client sees in "proxy error: <text>" (§8.14).
-_FAILURES: tuple[tuple[type[httpx.HTTPError], str], ...] = (
-    (httpx.ConnectTimeout, "Connection timed out"),
-    (httpx.ConnectError, "Could not establish connection"),
-    (httpx.ReadTimeout, "Read timeout"),
-    (httpx.WriteTimeout, "Write timeout"),
-    (httpx.WriteError, "Failed to write connection"),
-    (httpx.ReadError, "Failed to read connection"),
-    (httpx.RemoteProtocolError, "Failed to read connection"),
-)
 
 
 async def proxy_post(api: Api, request: Request) -> None:
@@ -161,13 +149,13 @@ async def relay(api: Api, request: Request, grant: Grant, lease: LeaseKeeper, bo
             response = await pool.send(
                 request.method, upstream_target(request), upstream_headers(request), body
             )
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             raise await failure(api, grant, exc) from None
         try:
             lease.progress()
             try:
                 whole = await whole_answer(response, api.config.whole_answer_bytes, lease)
-            except httpx.HTTPError as exc:
+            except UpstreamError as exc:
                 raise await failure(api, grant, exc) from None
             if whole is not None:
                 await send_whole(request, response, whole)
@@ -179,15 +167,15 @@ async def relay(api: Api, request: Request, grant: Grant, lease: LeaseKeeper, bo
         api.upstreams.checkin(pool)
 
 
-async def failure(api: Api, grant: Grant, exc: httpx.HTTPError) -> Exception:
+async def failure(api: Api, grant: Grant, exc: UpstreamError) -> Exception:
     """What a client gets when the child fails before the answer started: why the router
     ended the child (it killed it as hung), else ``proxy error: <text>`` (§8.14)."""
     if (why := await api.router.why_ended(grant)) is not None:
         return why
-    return ApiError(500, f"proxy error: {describe(exc)}")
+    return ApiError(500, f"proxy error: {exc.text}")
 
 
-async def whole_answer(response: httpx.Response, limit: int, lease: LeaseKeeper) -> bytes | None:
+async def whole_answer(response: Answer, limit: int, lease: LeaseKeeper) -> bytes | None:
     """Read an answer framed by a Content-Length of at most ``limit`` bytes whole; None for
     one that streams (chunked, until close, or bigger).
 
@@ -196,24 +184,24 @@ async def whole_answer(response: httpx.Response, limit: int, lease: LeaseKeeper)
     looks complete. It costs no time: llama-server sends such an answer only once it has it all.
     """
     expected = content_length(response)
-    if expected is None or expected > limit or response.status_code == 404:
+    if expected is None or expected > limit or response.status == 404:
         return None
     chunks = []
-    async for chunk in response.aiter_raw():
+    async for chunk in response.chunks():
         lease.progress()
         chunks.append(chunk)
-    return b"".join(chunks)  # httpcore raised if the child sent fewer bytes than announced
+    return b"".join(chunks)  # chunks() raised if the child sent fewer bytes than announced
 
 
-async def send_whole(request: Request, response: httpx.Response, body: bytes) -> None:
+async def send_whole(request: Request, response: Answer, body: bytes) -> None:
     headers = response_headers(response)
     headers.append((b"content-length", str(len(body)).encode()))
-    await request.start(response.status_code, headers)
+    await request.start(response.status, headers)
     await request.end(body)
 
 
 async def stream_back(
-    api: Api, request: Request, response: httpx.Response, grant: Grant, lease: LeaseKeeper
+    api: Api, request: Request, response: Answer, grant: Grant, lease: LeaseKeeper
 ) -> None:
     """Relay the child's status, headers and body chunks as they arrive (§8.13).
 
@@ -221,38 +209,37 @@ async def stream_back(
     the end of the response: one message to Daphne for the last part instead of two.
     (The loop still runs to its end, without waiting, so the connection goes back to the pool.)
     """
-    if response.status_code == 404:
+    if response.status == 404:
         await request.respond(404, b"")  # the generic body replaces the child's (§9.3a keep)
         return
-    await request.start(response.status_code, response_headers(response))
+    await request.start(response.status, response_headers(response))
     expected = content_length(response)
     received, last = 0, b""
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in response.chunks():
             received += len(chunk)
             lease.progress()
             if received == expected:
                 last = chunk
             else:
                 await request.write(chunk)
-    except httpx.HTTPError as exc:  # the child died mid-response: the stream just ends (§3.6)
-        log.warning("child on port %s broke off a response: %s", grant.port, describe(exc))
+    except UpstreamError as exc:  # the child died mid-response: the stream just ends (§3.6)
+        log.warning("child on port %s broke off a response: %s", grant.port, exc.text)
         why = await api.router.why_ended(grant)
         if why is not None and is_event_stream(response):
             last = b"data: " + dumps(why.body) + b"\n\n"  # SSE clients read the error
     await request.end(last)
 
 
-def is_event_stream(response: httpx.Response) -> bool:
-    content_type: str = response.headers.get("content-type", "")
-    return content_type.startswith("text/event-stream")
+def is_event_stream(response: Answer) -> bool:
+    return (response.header("content-type") or "").startswith("text/event-stream")
 
 
-def content_length(response: httpx.Response) -> int | None:
+def content_length(response: Answer) -> int | None:
     """The body's length if the child framed it so (not chunked, not until close)."""
-    if "transfer-encoding" in response.headers:
+    if response.has_header("transfer-encoding"):
         return None
-    value = response.headers.get("content-length")
+    value = response.header("content-length")
     return int(value) if value is not None and value.isdigit() else None
 
 
@@ -269,12 +256,12 @@ def upstream_headers(request: Request) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-def response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+def response_headers(response: Answer) -> list[tuple[bytes, bytes]]:
     """The child's headers less the dropped ones (§8.13), plus ``X-Accel-Buffering: no`` unless
     the child sent it already (llama-server does on its streams)."""
     headers = []
     buffering = False
-    for name, value in response.headers.raw:
+    for name, value in response.raw_headers:
         name = name.lower()
         if name not in _DROP_RESPONSE and not name.startswith(b"access-control-"):
             headers.append((name, value))
@@ -282,10 +269,3 @@ def response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
     if not buffering:
         headers.append((b"x-accel-buffering", b"no"))
     return headers
-
-
-def describe(exc: httpx.HTTPError) -> str:
-    for kind, text in _FAILURES:
-        if isinstance(exc, kind):
-            return text
-    return str(exc) or type(exc).__name__
