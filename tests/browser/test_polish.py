@@ -241,9 +241,9 @@ def test_no_page_is_wider_than_a_phone_with_a_request_in_the_queue(
             assert page.evaluate("a11y.overflow()") == [], path
             if re.fullmatch(r"/presets/\d+/", path):
                 assert page.locator("#preset-changes tbody tr").count() >= 1  # pinned: a change
-                screenshot(page, f"panel-preset-{width}-{scheme}.png")
-        visit(page, quiet, "/")
-        screenshot(page, f"panel-queue-{width}-{scheme}.png")
+        if width == PHONE:
+            visit(page, quiet, "/")
+            screenshot(page, f"panel-queue-{width}-{scheme}.png")
     console.assert_clean()
 
 
@@ -354,4 +354,18 @@ def test_the_charts_grid_follows_the_theme(open_page: Callable[..., Page]) -> No
     page.wait_for_function(HAS_PIXEL, arg=[canvas, [0x30, 0x36, 0x3D]])  # --chart-grid, dark
     page.emulate_media(color_scheme="light")
     page.wait_for_function(HAS_PIXEL, arg=[canvas, [0xE5, 0xE7, 0xEB]])  # --chart-grid, light
+    console.assert_clean()
+
+
+def test_a_preset_shows_its_effective_values_and_their_source(
+    open_page: Callable[..., Page], quiet: PanelServer
+) -> None:
+    """The demo presets set no stop-timeout: the router uses the Settings default (10 s)."""
+    page, console = open_page()
+    page.goto(f"{quiet.url}/presets/")
+    row = page.locator("tr", has=page.locator("a", has_text="demo-small"))
+    assert row.locator("td[data-label=Stop-timeout]").inner_text() == "10 s default (Settings)"
+    row.locator("a", has_text="demo-small").click()
+    page.wait_for_selector("#effective-stop-timeout")
+    assert page.locator("#effective-stop-timeout").inner_text() == "10 s default (Settings)"
     console.assert_clean()
