@@ -131,13 +131,17 @@ def open_page(new_page: Callable[..., Page], quiet: PanelServer) -> Callable[...
 # evaluate() has no timeout of its own: an action the socket never answers fails, not hangs.
 ACTION = """([name, model]) => Promise.race([
   window.panelLive.action(name, model),
-  new Promise((resolve) => setTimeout(() => resolve({ ok: false, message: "no answer" }), 20000)),
+  new Promise((resolve) => setTimeout(() => resolve({ ok: false, message: "no answer" }), 30000)),
 ])"""
 
 
 def action(page: Any, name: str, model: str) -> None:
-    """Pin, unpin or cancel through the dashboard's socket, as its buttons do."""
-    answer = page.evaluate(ACTION, [name, model])
+    """Pin, unpin or cancel through the dashboard's socket, as its buttons do. SQLite may refuse
+    a write under contention ("database is locked"; the page is told so): try again then."""
+    for _ in range(3):
+        answer = page.evaluate(ACTION, [name, model])
+        if answer["ok"] or "database is locked" not in answer["message"]:
+            break
     assert answer["ok"], answer
 
 
