@@ -34,6 +34,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth import get_user_model
+from django.db import DatabaseError
 from django.urls import reverse
 
 from models_app import audit, bridge
@@ -175,7 +176,12 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Ch
         queued = content.get("request_id")
         actor = audit.actor_of(self.user)
         queued = queued if isinstance(queued, str) else ""
-        outcome = await actions.run(action, model, actor, self.user.pk, queued)
+        try:
+            outcome = await actions.run(action, model, actor, self.user.pk, queued)
+        except DatabaseError as exc:  # SQLite's "database is locked" under write contention
+            log.warning("%s %s failed: %s", action, model, exc)
+            await self._action_result(request_id, False, f"{model}: {action} failed ({exc})")
+            return  # answered: the page's button comes back instead of waiting for ever
         await self._action_result(request_id, outcome.ok, outcome.message, pending=outcome.pending)
 
     async def _action_result(self, request_id: Any, ok: bool, message: str, **flags: Any) -> None:

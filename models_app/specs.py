@@ -67,6 +67,39 @@ def preset_specs(
     ]
 
 
+def sourced(
+    name: str, definition: presets.PresetDef, global_def: presets.PresetDef | None, default: object
+) -> tuple[object, str]:
+    """A field's value for the router and where it comes from: the preset itself ("preset"),
+    the ``[*]`` section ("[*]") or the stored settings' default ("default")."""
+    own = getattr(definition, name)
+    if own is not None:
+        return own, "preset"
+    inherited = getattr(global_def, name) if global_def is not None else None
+    if inherited is not None:
+        return inherited, "[*]"
+    return default, "default"
+
+
+def effective(row: Preset, settings_row: RouterSettings) -> dict[str, tuple[object, str]]:
+    """The fields a preset may inherit, each as (value the router uses, source); a malformed
+    ``[*]`` section (the router refuses it too) counts as absent here."""
+    try:
+        global_def = settings_row.global_def()
+    except ValueError:
+        global_def = None
+    definition = row.to_def()
+    defaults: dict[str, object] = {
+        "stop_timeout": settings_row.default_stop_timeout,
+        "hang_timeout": settings_row.default_hang_timeout,
+        "load_timeout": None,
+        "ttl": None,
+        "pinned": False,
+        "load_on_startup": False,
+    }
+    return {name: sourced(name, definition, global_def, d) for name, d in defaults.items()}
+
+
 def _spec(
     definition: presets.PresetDef,
     row: Preset,
@@ -76,11 +109,7 @@ def _spec(
     overrides: Overrides,
 ) -> PresetSpec:
     def pick(name: str, default: object) -> object:
-        own = getattr(definition, name)
-        if own is not None:
-            return own
-        inherited = getattr(global_def, name) if global_def is not None else None
-        return inherited if inherited is not None else default
+        return sourced(name, definition, global_def, default)[0]
 
     program = presets.program_of(definition.server_bin, global_def, default_bin)
     argv = presets.render_argv(definition, global_def, default_bin, table_for(program))

@@ -8,6 +8,8 @@ from typing import Any
 
 from django import template
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from models_app.views.common import human_bytes, human_seconds
 
@@ -63,3 +65,20 @@ def get(mapping: Any, key: Any) -> Any:
         return mapping.get(key)
     except AttributeError:
         return None
+
+
+SOURCES = {"preset": "set here", "[*]": "from [*]", "default": "default (Settings)"}
+
+
+@register.filter
+def effective(pair: tuple[Any, str], unit: str = "s") -> SafeString:
+    """``specs.effective``'s (value, source) as "12 s, from [*]": what the router uses and why.
+
+    ``unit`` is "s" for seconds (0 or none: "off"), "yes" for a flag.
+    """
+    value, source = pair
+    if unit == "yes":
+        shown = "yes" if value else "no"
+    else:
+        shown = "off" if not value else f"{float(value):g} s"
+    return format_html('{} <small class="muted">{}</small>', shown, SOURCES[source])

@@ -1,8 +1,6 @@
-"""Settings, API keys, users and the per-model logs page."""
+"""Settings, API keys and users."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
@@ -10,11 +8,11 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from models_app import audit, signin
 from models_app.forms import ApiKeyForm, KeyScopeForm, NewUserForm, RoleForm, SettingsForm
-from models_app.models import ApiKey, Preset, RouterSettings
+from models_app.models import ApiKey, RouterSettings
 from models_app.roles import Role, forbidden, require, role_of, set_role
 from models_app.views import common
 
@@ -228,22 +226,3 @@ def user_role(request: HttpRequest, pk: int) -> HttpResponse:
         set_role(user, Role[form.cleaned_data["role"].upper()])
         messages.success(request, f"{user} is now: {form.cleaned_data['role']}.")
     return redirect("panel:users")
-
-
-# ---- logs -------------------------------------------------------------------------------------
-
-
-@require_GET
-@require(Role.VIEWER)
-def model_logs(request: HttpRequest, model: str) -> HttpResponse:
-    """The model's log ring as it is now; the page then tails it live over the WebSocket."""
-    answer = common.ask_router({"type": "router.logs", "model": model}, common.PAGE_TIMEOUT + 1)
-    lines: Any = (answer.body or {}).get("logs")
-    context = {
-        "model": model,
-        "lines": lines if isinstance(lines, list) else [],
-        "router_error": answer.error,
-        "preset": Preset.objects.filter(name=model).first(),
-        "models": Preset.objects.values_list("name", flat=True),
-    }
-    return render(request, "panel/logs.html", context)

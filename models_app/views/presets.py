@@ -32,8 +32,14 @@ PRESET_KINDS = (AuditKind.PRESET_CREATED, AuditKind.PRESET_CHANGED, AuditKind.PR
 def preset_list(request: HttpRequest) -> HttpResponse:
     snap, router_error = common.snapshot()
     states = {m["name"]: m for m in (snap or {}).get("models", [])}
+    settings_row = RouterSettings.load()
     rows = [
-        {"preset": p, "live": states.get(p.name), "estimate": p.memory_estimate or p.gguf_estimate}
+        {
+            "preset": p,
+            "live": states.get(p.name),
+            "estimate": p.memory_estimate or p.gguf_estimate,
+            "effective": specs.effective(p, settings_row),
+        }
         for p in Preset.objects.select_related("updated_by")
     ]
     skipped = presets_io.skipped_by_llama_export()
@@ -51,6 +57,7 @@ def preset_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "live": _live(preset.name),
         "history": AuditEvent.objects.filter(model=preset.name, kind__in=PRESET_KINDS)[:10],
         "estimate": preset.memory_estimate or preset.gguf_estimate,
+        "effective": specs.effective(preset, RouterSettings.load()),
     }
     return render(request, "panel/presets/detail.html", context)
 

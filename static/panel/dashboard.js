@@ -35,8 +35,10 @@
     const template = document.getElementById("card-template");
     el = template.content.firstElementChild.cloneNode(true);
     el.dataset.model = name;
-    field(el, "logs-link").textContent = name;
-    field(el, "logs-link").href = root.dataset.logsUrl.replace("MODEL", encodeURIComponent(name).replace(/%2F/g, "/"));
+    field(el, "name").textContent = name;
+    const logs = field(el, "logs-link");
+    logs.href = root.dataset.logsUrl.replace("MODEL", encodeURIComponent(name).replace(/%2F/g, "/"));
+    logs.setAttribute("aria-label", `Logs of ${name}`);
     const input = field(el, "model-input");
     if (input) input.value = name;
     bindActions(el);
@@ -358,8 +360,11 @@
       tr.className = "queue-entry";
       tr.dataset.model = entry.model;
       const status = entry.starting ? "starting" : entry.restart ? "restart" : "waiting";
-      for (const text of [entry.position, entry.model, entry.waiters, "", status]) {
-        tr.insertCell().textContent = String(text);
+      const cells = [[entry.position, "#"], [entry.model, "Model"], [entry.waiters, "Requests"], ["", "Waiting for"], [status, "Status"]];
+      for (const [text, label] of cells) {
+        const td = tr.insertCell();
+        td.textContent = String(text);
+        td.dataset.label = label; // the phone layout stacks the cells under these labels
       }
       renderWaiters(tr.cells[2], entry);
       const eta = (models.get(entry.model) || {}).load_seconds;
@@ -492,6 +497,17 @@
 
   const PALETTE = ["#2563eb", "#d97706", "#059669", "#db2777", "#7c3aed", "#0891b2", "#65a30d", "#dc2626"];
   const DASHES = [[], [8, 4], [2, 3], [10, 3, 2, 3]]; // lines differ without colour, too
+  const DARK = window.matchMedia("(prefers-color-scheme: dark)");
+
+  // A colour of the current theme (panel.css custom properties), so the charts follow dark mode.
+  function ink(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+
+  function axis(extra) {
+    const line = { stroke: ink("--chart-grid") };
+    return { stroke: ink("--chart-axis"), grid: line, ticks: line, ...extra };
+  }
 
   // Two charts sharing a cursor: the machine (GiB) and the models (MiB), so a 64 MiB model is
   // not a flat line under 24 GiB of available memory.
@@ -518,7 +534,7 @@
         height: this.height,
         cursor: { sync: { key: "memory" }, drag: { x: false, y: false } },
         scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(max * 1.08, 1)] } },
-        axes: [{}, { values: (u, ticks) => ticks.map(bytes), size: 76 }],
+        axes: [axis({}), axis({ values: (u, ticks) => ticks.map(bytes), size: 76 })],
         series: [
           { value: (u, v) => (v === null ? "—" : new Date(v * 1000).toLocaleTimeString()) },
           ...series.map((s) => ({
@@ -557,6 +573,14 @@
         this.models.resize();
       });
       observer.observe(this.system.box);
+      DARK.addEventListener("change", () => this.restyle());
+    }
+
+    // The theme changed: build both charts again with its colours.
+    restyle() {
+      this.system.names = null;
+      this.models.names = null;
+      this.showRange(this.range);
     }
 
     load(history) {
@@ -591,7 +615,7 @@
     drawLive() {
       const c = this.cols;
       const system = [
-        { label: "Used", values: c.used, color: "#111827", width: 2 },
+        { label: "Used", values: c.used, color: ink("--chart-fg"), width: 2 },
         { label: "Available", values: c.available, color: "#16a34a", dash: [6, 4] },
         { label: "Swap used", values: c.swap_used, color: "#9333ea", dash: [2, 3] },
       ];
@@ -629,8 +653,8 @@
         return;
       }
       this.system.draw(data.time, [
-        { label: "Used (avg)", values: data.system.used, color: "#111827", width: 2 },
-        { label: "Used (max)", values: data.system.used_max, color: "#6b7280", dash: [4, 3] },
+        { label: "Used (avg)", values: data.system.used, color: ink("--chart-fg"), width: 2 },
+        { label: "Used (max)", values: data.system.used_max, color: ink("--chart-axis"), dash: [4, 3] },
         { label: "Available (avg)", values: data.system.available, color: "#16a34a", dash: [6, 4] },
         { label: "Swap used (avg)", values: data.system.swap_used, color: "#9333ea", dash: [2, 3] },
       ]);

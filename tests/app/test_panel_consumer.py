@@ -11,13 +11,14 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
+from django.db import OperationalError
 from django.test import Client
 
 from models_app import bridge
 from models_app.consumers import CLOSE_FORBIDDEN, DashboardConsumer
 from models_app.models import AuditEvent, AuditKind
 from models_app.roles import Role, set_role
-from models_app.views import common
+from models_app.views import actions, common
 from routerpanel.router.catalogue import Event
 from tests.support.panel import RouterStub, make_user, model_row
 
@@ -173,6 +174,21 @@ class TestMessages:
         answer = await receive(socket, "action_result")
         assert answer["ok"] is True and answer["message"] == "m: cancelled request r9"
         assert stub.of_kind("cancel_queued") == [{"queued_request": "r9", "actor": "user:otto"}]
+        await socket.disconnect()
+
+    async def test_an_action_the_database_refuses_is_answered_not_dropped(
+        self, stub: RouterStub, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        def locked(*args: Any) -> None:
+            raise OperationalError("database is locked")
+
+        monkeypatch.setattr(actions, "set_pinned", locked)
+        socket = await connect(await sync_to_async(make_user)("otto", Role.OPERATOR))
+        await receive(socket, "snapshot")
+        await socket.send_json_to({"type": "action", "id": 7, "action": "pin", "model": "m"})
+        answer = await receive(socket, "action_result")
+        assert answer["id"] == 7 and answer["ok"] is False
+        assert answer["message"] == "m: pin failed (database is locked)"
         await socket.disconnect()
 
     async def test_a_role_taken_away_while_connected_stops_the_next_action(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import timedelta
 
@@ -10,6 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from models_app.models import AuditEvent, AuditKind, MemoryRollup, Preset
+from models_app.views.logs import shown
 from tests.support.panel import RouterStub, model_row
 
 pytest_plugins = ("tests.support.panel",)
@@ -59,7 +61,7 @@ class TestDashboard:
         assert '<button name="action" value="unload" data-show="running" >' in small
         large = card(text, "demo-large")
         assert 'value="25"' in large and "25%" in large and ">◐<" in large
-        assert "<td>demo-medium</td>" in text  # the queue
+        assert '<td data-label="Model">demo-medium</td>' in text  # the queue
         assert 'name="csrfmiddlewaretoken"' in small
 
     def test_the_queue_lists_its_requests_with_a_cancel_form_for_each_and_for_all(
@@ -151,3 +153,32 @@ class TestLogs:
         assert "&lt;b&gt;loading&lt;/b&gt;" in text  # escaped
         assert 'data-model="org/m:Q4_K_M"' in text
         assert stub.of_kind("logs")[-1] == {"model": "org/m:Q4_K_M"}
+
+    def test_a_line_shows_one_timestamp_and_its_level(
+        self, viewer_client: Client, stub: RouterStub
+    ) -> None:
+        stub.logs = {"demo-small": [
+            {"time": 1.0, "stream": "stderr", "text": "12:00:01.250 simserver ERROR: no file"},
+            {"time": 2.0, "stream": "stderr", "text": "W llama: low memory"},
+            {"time": 3.5, "stream": "router", "text": "spawning (attempt 1)"},
+        ]}  # fmt: skip
+        text = viewer_client.get("/logs/demo-small/").content.decode()
+        assert '<div class="line s-stderr lv-error"><span class="t">12:00:01.250</span>' in text
+        assert '<span class="x">simserver ERROR: no file</span>' in text  # its clock moved out
+        assert '<div class="line s-stderr lv-warn">' in text
+        local = shown({"time": 3.5, "stream": "router", "text": "x"})["clock"]
+        assert re.fullmatch(r"\d{2}:\d{2}:03\.500", local)  # no clock of its own: the router's
+        assert f'<span class="t">{local}</span><span class="x">spawning (attempt 1)</span>' in text
+        assert 'href="/logs/demo-small.log"' in text
+
+    def test_the_download_is_the_raw_ring_as_a_text_attachment(
+        self, viewer_client: Client, stub: RouterStub
+    ) -> None:
+        stub.logs = {"org/m:Q4_K_M": [{"time": 0.5, "stream": "stderr", "text": "12:00 <b>x</b>"}]}
+        response = viewer_client.get("/logs/org/m:Q4_K_M.log")
+        assert response.status_code == 200
+        assert response["Content-Type"] == "text/plain; charset=utf-8"
+        assert response["Content-Disposition"] == 'attachment; filename="org_m_Q4_K_M.log"'
+        assert response.content.decode() == "1970-01-01T00:00:00.500Z stderr 12:00 <b>x</b>\n"
+        assert viewer_client.get("/logs/x.log/").status_code == 200  # the page of model x.log
+        assert stub.of_kind("logs")[-1] == {"model": "x.log"}

@@ -305,3 +305,31 @@ class TestImportExport:
         assert "[plain]" in text and "pinned = true" in text and "[own-bin]" in text
         llama = viewer_client.get("/presets/export/?llama=1").content.decode()
         assert "[plain]" in llama and "pinned" not in llama and "[own-bin]" not in llama
+
+
+class TestEffectiveValues:
+    """A field the preset leaves empty shows what the router uses and where it comes from."""
+
+    def test_the_list_and_detail_say_whether_a_value_is_own_from_star_or_the_default(
+        self, viewer_client: Client, panel_router: RouterStub
+    ) -> None:
+        row = RouterSettings.load()
+        row.global_args = [["stop-timeout", "12"], ["pinned", "true"]]
+        row.default_stop_timeout = 10
+        row.save()
+        inherits = Preset.objects.create(name="inherits")
+        Preset.objects.create(name="own", stop_timeout=20)
+        listing = viewer_client.get("/presets/").content.decode()
+        assert '12 s <small class="muted">from [*]</small>' in listing
+        assert '20 s <small class="muted">set here</small>' in listing
+        detail = viewer_client.get(f"/presets/{inherits.pk}/").content.decode()
+        assert (
+            '<dd id="effective-stop-timeout">12 s <small class="muted">from [*]</small></dd>'
+            in detail
+        )
+        assert '<dt>Pinned</dt><dd>yes <small class="muted">from [*]</small></dd>' in detail
+        assert '<dt>Idle TTL</dt><dd>off <small class="muted">default (Settings)</small>' in detail
+        row.global_args = []
+        row.save()
+        detail = viewer_client.get(f"/presets/{inherits.pk}/").content.decode()
+        assert '10 s <small class="muted">default (Settings)</small>' in detail

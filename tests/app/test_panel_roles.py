@@ -41,6 +41,7 @@ def pages(preset: Preset, event: AuditEvent) -> dict[str, Role]:
         "/audit/?format=json": Role.VIEWER,
         f"/audit/{event.pk}/": Role.VIEWER,
         "/logs/demo-small/": Role.VIEWER,
+        "/logs/demo-small.log": Role.VIEWER,
         "/settings/": Role.VIEWER,
         "/keys/": Role.VIEWER,
         "/memory/history/?range=24h": Role.VIEWER,

@@ -142,7 +142,8 @@ class PanelServer:
         for name, model in self.models().items():
             if model["state"] in ("loading", "loaded", "sleeping") and not model["stopping"]:
                 self.post("/models/unload", {"model": name})
-        self.wait_for(lambda: all(m["state"] == "unloaded" for m in self.models().values()))
+        running = ("loading", "loaded", "sleeping")  # a failed load is not running either
+        self.wait_for(lambda: all(m["state"] not in running for m in self.models().values()))
 
 
 @pytest.fixture(scope="session")
@@ -201,8 +202,9 @@ class Console:
 def new_page(browser: Any) -> Iterator[Callable[..., tuple[Any, Console]]]:
     contexts: list[Any] = []
 
-    def make(width: int = 1366, height: int = 900) -> tuple[Any, Console]:
-        context = browser.new_context(viewport={"width": width, "height": height})
+    def make(width: int = 1366, height: int = 900, **options: Any) -> tuple[Any, Console]:
+        """A page in a fresh context; ``options`` go to it (``color_scheme="dark"``…)."""
+        context = browser.new_context(viewport={"width": width, "height": height}, **options)
         context.set_default_timeout(WAIT)
         contexts.append(context)
         page = context.new_page()
