@@ -101,7 +101,15 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": DATA_DIR / "routerpanel.sqlite3",
-            "OPTIONS": {"timeout": 20},
+            # Several threads write (the audit writer, the panel, the socket's actions). In WAL
+            # mode readers never wait for a writer; IMMEDIATE transactions take the write lock
+            # when they begin, so two writers queue for up to ``timeout`` instead of one failing
+            # at once with "database is locked" (a read-then-write upgrade cannot wait).
+            "OPTIONS": {
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL;",
+            },
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
