@@ -84,7 +84,12 @@ class RouterProcess:
         from models_app.worker import run_worker
 
         raise_open_files_limit()
-        await self.host.start()
+        try:
+            await self.host.start()
+        except BaseException:
+            for coro in extra:  # never to run: close them (no "never awaited" warning)
+                coro.close()
+            raise
         self._tasks = [
             asyncio.ensure_future(run_worker(self.host.layer)),
             asyncio.ensure_future(self._keep_lock()),

@@ -27,6 +27,5 @@ websocket_app = OwnOriginOnly(
     AuthMiddlewareStack(URLRouter([path("ws/dashboard/", DashboardConsumer.as_asgi())]))
 )
 
-application = ProtocolTypeRouter(
-    {"http": build_http_app(django_asgi_app), "websocket": websocket_app}
-)
+http_app = build_http_app(django_asgi_app)  # serve closes its connections to the children
+application = ProtocolTypeRouter({"http": http_app, "websocket": websocket_app})

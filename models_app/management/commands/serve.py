@@ -3,6 +3,7 @@
 Embedded mode (the default) is ONE process: Daphne serves HTTP and WebSockets, and the router
 worker for channel ``router`` runs in the same event loop on the in-memory channel layer. With
 ``--no-router`` it is the web side of team mode only, talking to ``runrouter`` over Redis.
+``--http uvicorn`` serves the same application with uvicorn instead of Daphne (_uvicorn.py).
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ class Command(BaseCommand):
             "--data-dir",
             metavar="DIR",
             help="data directory (database, secret key, state file); read by manage.py",
+        )
+        parser.add_argument(
+            "--http",
+            choices=("daphne", "uvicorn"),
+            default=envstr("ROUTERPANEL_HTTP", "daphne") or "daphne",
+            help="the HTTP server: daphne (Channels' own, the default) or uvicorn (faster)",
         )
         parser.add_argument("--demo-if-empty", action="store_true", help=argparse.SUPPRESS)
 
@@ -129,34 +136,10 @@ class Command(BaseCommand):
         return True
 
     def _run(self, options: dict[str, Any]) -> None:
-        from daphne.endpoints import build_endpoint_description_strings
-        from twisted.internet import defer, reactor
-
-        from models_app.management.commands._daphne import RouterPanelServer
-        from routerpanel.asgi import application
-
         host_url = f"http://{inputs.url_host(options['host'])}:{options['port']}/"
-        router: EmbeddedRouter | None = None
-        if not options["no_router"]:
-            router = EmbeddedRouter(self, options)
-            reactor.callWhenRunning(router.start)
-            # Twisted declares the reactor's methods on zope interfaces, without `self`: lacking
-            # the mypy-zope plugin, mypy takes the first argument for it.
-            reactor.addSystemEventTrigger(
-                "before",
-                "shutdown",  # type: ignore[arg-type]
-                lambda: defer.Deferred.fromFuture(router.stop()),
-            )
-        else:
+        router = None if options["no_router"] else EmbeddedRouter(self, options)
+        if router is None:
             raise_open_files_limit()
-        server = RouterPanelServer(
-            application=application,
-            endpoints=build_endpoint_description_strings(
-                host=options["host"], port=options["port"]
-            ),
-            signal_handlers=True,
-            verbosity=0,
-        )
         # The URL only once the socket listens and the router has started: a busy port or a
         # router that refuses to start (too many startup models...) must not look like success.
         ready = Announcement(
@@ -165,16 +148,79 @@ class Command(BaseCommand):
             ),
             waiting_for={"socket", "router"} if router is not None else {"socket"},
         )
-        server.on_listening = lambda: ready.done("socket")
         if router is not None:
             router.on_started = lambda: ready.done("router")
-        server.run()
-        if server.listen_failure is not None:
-            raise CommandError(
-                inputs.listen_error(options["host"], options["port"], server.listen_failure)
-            )
+        if options["http"] == "uvicorn":
+            failure = self._run_uvicorn(options, router, ready)
+        else:
+            failure = self._run_daphne(options, router, ready)
+        if failure is not None:
+            raise CommandError(inputs.listen_error(options["host"], options["port"], failure))
         if router is not None and router.failed:
             sys.exit(1)
+
+    def _run_daphne(
+        self, options: dict[str, Any], router: EmbeddedRouter | None, ready: Announcement
+    ) -> BaseException | None:
+        from daphne.endpoints import build_endpoint_description_strings
+        from twisted.internet import defer, error, reactor
+
+        from models_app.management.commands._daphne import RouterPanelServer
+        from routerpanel.asgi import application
+
+        # Twisted declares the reactor's methods on zope interfaces, without `self`: lacking
+        # the mypy-zope plugin, mypy takes the first argument for it.
+        reactor.addSystemEventTrigger(
+            "before",
+            "shutdown",  # type: ignore[arg-type]
+            lambda: defer.Deferred.fromFuture(asyncio.ensure_future(_stopped(router))),
+        )
+        if router is not None:
+            embedded = router
+            reactor.callWhenRunning(embedded.start)
+
+            def stop_reactor() -> None:
+                with contextlib.suppress(error.ReactorNotRunning):
+                    reactor.stop()  # type: ignore[misc]  # a zope interface method (see above)
+
+            embedded.stop_server = stop_reactor
+        server = RouterPanelServer(
+            application=application,
+            endpoints=build_endpoint_description_strings(
+                host=options["host"], port=options["port"]
+            ),
+            signal_handlers=True,
+            verbosity=0,
+        )
+        server.on_listening = lambda: ready.done("socket")
+        server.run()
+        failure: BaseException | None = server.listen_failure
+        return failure
+
+    def _run_uvicorn(
+        self, options: dict[str, Any], router: EmbeddedRouter | None, ready: Announcement
+    ) -> BaseException | None:
+        from models_app.management.commands._uvicorn import UvicornServer
+        from routerpanel.asgi import application
+
+        server = UvicornServer(application, options["host"], options["port"])
+        server.on_listening = lambda: ready.done("socket")
+        if router is None:
+            server.run(on_stop=lambda: _stopped(None))
+        else:
+            router.stop_server = server.stop
+            server.run(on_start=router.start, on_stop=lambda: _stopped(router))
+        return server.listen_failure
+
+
+async def _stopped(router: EmbeddedRouter | None) -> None:
+    """Once the server stopped taking requests: stop the router (its children), then close the
+    proxy's connections to them."""
+    from routerpanel.asgi import http_app
+
+    if router is not None:
+        await router.stop()
+    await http_app.aclose()
 
 
 class Announcement:
@@ -203,6 +249,7 @@ class EmbeddedRouter:
             raise CommandError(str(exc)) from None
         self._start_task: asyncio.Future[None] | None = None
         self.on_started: Callable[[], None] = lambda: None
+        self.stop_server: Callable[[], None] = lambda: None  # set by the server that runs it
 
     def start(self) -> None:
         self._start_task = asyncio.ensure_future(self._start())
@@ -221,10 +268,7 @@ class EmbeddedRouter:
     def _fail(self, reason: str) -> None:
         self.failed = True
         self.command.stderr.write(reason)
-        from twisted.internet import error, reactor
-
-        with contextlib.suppress(error.ReactorNotRunning):
-            reactor.stop()  # type: ignore[misc]  # a zope interface method (see _run)
+        self.stop_server()
 
     def stop(self) -> asyncio.Future[Any]:
         return asyncio.ensure_future(self.process.stop())

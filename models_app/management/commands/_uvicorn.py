@@ -1,0 +1,104 @@
+"""uvicorn for ``serve --http uvicorn``: the same ASGI application on uvloop and httptools.
+
+Daphne stays the default (Channels' own server). uvicorn is the measured alternative for the data
+plane (bench/proxy.py): its per-request path is shorter, and it adds nothing a router should not:
+no ``Server`` or ``Date`` header of its own, no proxy-header rewriting, no access log, no
+lifespan. WebSockets (the dashboard) go through the ``websockets`` package (sans-I/O).
+
+The socket is bound here, before uvicorn starts, so a busy port is the same one-line error as
+under Daphne instead of uvicorn's log line and ``sys.exit``. Bodies: under uvicorn the
+application receives a request's body as it arrives, so its own checks (413 on the declared
+length, 408 on a slow body) act on the API paths without Daphne's ``BodyGuard``; Django's panel
+pages read their (small) bodies through Django's limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import uvicorn
+
+
+class UvicornServer:
+    """Serve ``application`` on ``host:port`` with uvicorn; ``run`` returns when it stopped."""
+
+    def __init__(self, application: Any, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        config = uvicorn.Config(
+            application,
+            loop="uvloop",
+            http="httptools",
+            ws="websockets-sansio",
+            lifespan="off",
+            server_header=False,
+            date_header=False,
+            proxy_headers=False,
+            access_log=False,
+            log_level="warning",
+        )
+        self._server = _Server(config)
+        self.listen_failure: OSError | None = None
+        self.on_listening: Callable[[], None] = lambda: None
+
+    def bind(self) -> socket.socket | None:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            self.listen_failure = exc
+            return None
+        sock.set_inheritable(True)
+        return sock
+
+    def stop(self) -> None:
+        """Make the server stop (as on SIGTERM): it finishes open responses, then returns."""
+        self._server.should_exit = True
+
+    def run(
+        self,
+        *,
+        on_start: Callable[[], None] = lambda: None,
+        on_stop: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
+        """Bind, call ``on_start`` in the loop, serve until stopped, then await ``on_stop``."""
+        import uvloop
+
+        sock = self.bind()
+        if sock is None:
+            return
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.stop)
+            on_start()
+            serving = asyncio.ensure_future(self._server.serve(sockets=[sock]))
+            while not self._server.started and not serving.done():
+                await asyncio.sleep(0.01)
+            if self._server.started:
+                self.on_listening()
+            try:
+                await serving
+            finally:
+                if on_stop is not None:
+                    await on_stop()
+
+        uvloop.run(main())
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handling: uvicorn re-raises a caught SIGTERM once it
+    has stopped, which would end the process before the router stopped its children. ``run``
+    handles the signals instead (they stop the server; the router stops after it)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield

@@ -1,0 +1,51 @@
+"""``serve --http daphne|uvicorn``: the same router behind either server (issue 16, item 4).
+
+CI runs the whole process and browser tiers a second time with ``ROUTERPANEL_HTTP=uvicorn``;
+these tests run under both servers in every run, so ``make test`` alone covers the switch too.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.serving import free_port, run_manage, wait_until
+
+CHAT = {"model": "demo-small", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+@pytest.mark.parametrize("http", ["daphne", "uvicorn"])
+def test_either_server_proxies_streams_and_stops_its_children(http: str, tmp_path: Path) -> None:
+    port = free_port()
+    with run_manage(["serve", "--demo", "--http", http], tmp_path, port=port) as server:
+        with server.client() as client:
+            answer = client.post("/v1/chat/completions", json=CHAT)
+            assert answer.status_code == 200
+            assert answer.json()["usage"]["completion_tokens"] == 4
+            # The child's framing and our headers, nothing the server adds of its own.
+            assert answer.headers["content-length"] == str(len(answer.content))
+            assert answer.headers.get_list("server") == ["llama.cpp"]
+            assert answer.headers.get_list("x-accel-buffering") == ["no"]
+
+            with client.stream(
+                "POST", "/v1/chat/completions", json={**CHAT, "stream": True}
+            ) as stream:
+                assert stream.headers["content-type"].startswith("text/event-stream")
+                events = [line for line in stream.iter_lines() if line.startswith("data: ")]
+            assert events[-1] == "data: [DONE]"
+            assert len(events) >= 5  # 4 tokens and the end, one event each
+
+            assert client.get("/ready").json()["status"] == "ok"
+            login = client.get("/login/")
+            assert login.status_code == 200 and b"<form" in login.content
+
+        assert server.process.poll() is None
+        children = psutil.Process(server.process.pid).children(recursive=True)
+        assert children, "the demo model's child should be running"
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(30) == 0
+        wait_until(lambda: not any(c.is_running() for c in children), 10, "children gone")
+    assert "Unclosed" not in server.output(), server.output()  # connections to children closed
