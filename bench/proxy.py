@@ -5,8 +5,9 @@
 Two children, each measured against itself:
 
 * the real llama-server with the tiny GGUF model (2.8 MB), behind RouterPanel (``manage.py serve
-  --models-preset same.ini``) and behind llama.cpp's own router (``llama-server --models-preset
-  same.ini``) — the same INI, so both routers run the same child command;
+  --models-preset same.ini``, and a second one with ``--http uvicorn``) and behind llama.cpp's own
+  router (``llama-server --models-preset same.ini``) — the same INI, so every router runs the
+  same child command;
 * the simulated llama-server (``routerpanel.router.simserver``), behind RouterPanel only
   (llama.cpp's router can only start its own binary).
 
@@ -220,12 +221,18 @@ def real_targets(procs: Processes, work: Path) -> list[Target]:
     ini = work / "same.ini"
     ini.write_text(common.preset_ini(models))
     rp = common.start_routerpanel(procs, ini, 2, server_bin=server_bin)
+    uv = common.start_routerpanel(
+        procs, ini, 2, server_bin=server_bin, name="routerpanel-uvicorn",
+        env={"ROUTERPANEL_HTTP": "uvicorn"},
+    )  # fmt: skip
     llama = common.start_llama_router(procs, server_bin, ini, 2)
-    for router in (rp, llama):
+    for router in (rp, uv, llama):
         common.load_by_request(router, MODEL)
     return [
         Target("direct (RouterPanel's child)", common.child_port(rp, MODEL), MODEL),
         Target("RouterPanel", rp.port or 0, MODEL, "direct (RouterPanel's child)"),
+        Target("direct (uvicorn's child)", common.child_port(uv, MODEL), MODEL),
+        Target("RouterPanel --http uvicorn", uv.port or 0, MODEL, "direct (uvicorn's child)"),
         Target("direct (llama.cpp's child)", common.child_port(llama, MODEL), MODEL),
         Target("llama.cpp router", llama.port or 0, MODEL, "direct (llama.cpp's child)"),
     ]
