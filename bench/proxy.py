@@ -21,7 +21,8 @@ per target) and off (a new connection per request, ``Connection: close``).
 
 Streaming: 1 and 16 concurrent streamed chat completions of 256 tokens each, all started
 together; throughput = tokens received / wall time until the last stream ended; the median of
-``--rounds`` rounds, targets interleaved.
+``--rounds`` rounds, targets interleaved. For each router, its own process's CPU time per token
+received over the same rounds.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -61,6 +64,7 @@ class Target:
     port: int
     model: str
     baseline: str | None = None  # label of the direct target this one is compared with
+    router_pid: int | None = None  # the router's own process: its CPU per streamed token
 
 
 def payload(route: str, model: str, **extra: object) -> bytes:
@@ -165,12 +169,14 @@ def dechunk(data: bytes) -> bytes:
         pos = eol + 2 + size + 2
 
 
-def stream_round(t: Target, concurrency: int) -> float:
-    """Start ``concurrency`` streams at once; return tokens per second over the wall time."""
+def stream_round(t: Target, concurrency: int) -> tuple[float, int, float | None]:
+    """Start ``concurrency`` streams at once; return tokens per second over the wall time, the
+    tokens, and the router process's own CPU seconds over the round (None for a direct one)."""
     body = payload("/v1/chat/completions", t.model, stream=True, max_tokens=STREAM_TOKENS)
     barrier = threading.Barrier(concurrency + 1)
     counts: list[int] = []
     errors: list[BaseException] = []
+    router = psutil.Process(t.router_pid) if t.router_pid is not None else None
 
     def run() -> None:
         barrier.wait()
@@ -182,6 +188,7 @@ def stream_round(t: Target, concurrency: int) -> float:
     threads = [threading.Thread(target=run, daemon=True) for _ in range(concurrency)]
     for thread in threads:
         thread.start()
+    cpu_before = cpu_seconds(router)
     barrier.wait()
     started = time.perf_counter()
     for thread in threads:
@@ -189,7 +196,16 @@ def stream_round(t: Target, concurrency: int) -> float:
     wall = time.perf_counter() - started
     if errors:
         raise RuntimeError(f"{t.label}: {errors[0]}")
-    return sum(counts) / wall
+    tokens = sum(counts)
+    cpu = None if router is None else cpu_seconds(router) - cpu_before
+    return tokens / wall, tokens, cpu
+
+
+def cpu_seconds(process: psutil.Process | None) -> float:
+    if process is None:
+        return 0.0
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 def streaming(
@@ -197,19 +213,27 @@ def streaming(
 ) -> None:
     for concurrency in (1, 16):
         results: dict[str, list[float]] = {t.label: [] for t in targets}
+        cpu: dict[str, float] = dict.fromkeys((t.label for t in targets), 0.0)
+        tokens: dict[str, int] = dict.fromkeys((t.label for t in targets), 0)
         for t in targets:  # warm-up round, dropped
             stream_round(t, concurrency)
         for _ in range(rounds):
             order = list(targets)
             rng.shuffle(order)
             for t in order:
-                results[t.label].append(stream_round(t, concurrency))
+                tps, n, seconds = stream_round(t, concurrency)
+                results[t.label].append(tps)
+                tokens[t.label] += n
+                cpu[t.label] += seconds or 0.0
         for t in targets:
             tps = common.median(results[t.label])
             vs = "baseline"
             if t.baseline is not None:
                 vs = f"{tps / common.median(results[t.baseline]):.2f}"
-            table.add(child, concurrency, t.label, f"{tps:,.0f}", vs)
+            # One stream's rounds use a few clock ticks of CPU in all: too coarse to show.
+            shown = t.router_pid is not None and concurrency > 1
+            cpu_cell = f"{cpu[t.label] / tokens[t.label] * 1e6:.0f}" if shown else ""
+            table.add(child, concurrency, t.label, f"{tps:,.0f}", vs, cpu_cell)
 
 
 # ---- set-up ---------------------------------------------------------------------------------
@@ -230,11 +254,13 @@ def real_targets(procs: Processes, work: Path) -> list[Target]:
         common.load_by_request(router, MODEL)
     return [
         Target("direct (RouterPanel's child)", common.child_port(rp, MODEL), MODEL),
-        Target("RouterPanel", rp.port or 0, MODEL, "direct (RouterPanel's child)"),
+        Target("RouterPanel", rp.port or 0, MODEL, "direct (RouterPanel's child)", rp.pid),
         Target("direct (uvicorn's child)", common.child_port(uv, MODEL), MODEL),
-        Target("RouterPanel --http uvicorn", uv.port or 0, MODEL, "direct (uvicorn's child)"),
+        Target(
+            "RouterPanel --http uvicorn", uv.port or 0, MODEL, "direct (uvicorn's child)", uv.pid
+        ),
         Target("direct (llama.cpp's child)", common.child_port(llama, MODEL), MODEL),
-        Target("llama.cpp router", llama.port or 0, MODEL, "direct (llama.cpp's child)"),
+        Target("llama.cpp router", llama.port or 0, MODEL, "direct (llama.cpp's child)", llama.pid),
     ]
 
 
@@ -245,7 +271,7 @@ def sim_targets(procs: Processes, work: Path) -> list[Target]:
     common.load_by_request(rp, SIM)
     return [
         Target("direct (simserver)", common.child_port(rp, SIM), SIM),
-        Target("RouterPanel", rp.port or 0, SIM, "direct (simserver)"),
+        Target("RouterPanel", rp.port or 0, SIM, "direct (simserver)", rp.pid),
     ]
 
 
@@ -259,7 +285,7 @@ def run(requests: int = 200, rounds: int = 5, seed: int = 11434) -> list[Table]:
     )  # fmt: skip
     streams = Table(
         f"Streamed tokens per second ({STREAM_TOKENS}-token chats, median of {rounds} rounds)",
-        ["child", "streams", "target", "tokens/s", "× direct"],
+        ["child", "streams", "target", "tokens/s", "× direct", "router CPU µs/token"],
     )
     with common.workdir("proxy") as work, Processes(work) as procs:
         real = real_targets(procs, work)
@@ -270,6 +296,12 @@ def run(requests: int = 200, rounds: int = 5, seed: int = 11434) -> list[Table]:
         streaming("llama-server", real, rounds, rng, streams)
         streaming("simserver", sim, rounds, rng, streams)
     per_request.notes += delayed_ack_notes(sim_direct)
+    streams.notes.append(
+        "router CPU µs/token (16 streams): the router process's own user + system CPU time "
+        "over all rounds (psutil, children not counted) divided by the tokens its clients "
+        "received. One stream's rounds take a few 10 ms clock ticks of CPU in all, too coarse "
+        "to show."
+    )
     return [per_request, streams]
 
 
