@@ -108,6 +108,15 @@ def test_a_hung_child_and_a_crash_loop_show_on_their_cards(
     assert statuses[0] == 200, statuses
     assert "exit code 3" in text and "next start in" in text, (statuses, text)
     screenshot(page, "panel-faults.png")
-    page.goto(f"{fault_server.url}/audit/")
-    page.locator("table", has_text="hung child killed").first.wait_for()
+    # The row is written by the audit writer's thread in batches: reload the filtered log until
+    # it is there (the crash requests above add rows too, so do not rely on the first page).
+    hung_row = page.locator("table", has_text="hung child killed").first
+    for _ in range(15):
+        page.goto(f"{fault_server.url}/audit/?kind=hung")
+        try:
+            hung_row.wait_for(timeout=2000)
+            break
+        except PlaywrightTimeout:
+            continue
+    assert hung_row.is_visible(), page.content()[:2000]
     console.assert_clean()
