@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, DataError, IntegrityError, close_old_connections, connection
+from django.db import DatabaseError, DataError, IntegrityError, connection
 
 from models_app.audit_journal import DIR_NAME, LEGACY_SPOOL, Journal, JournalReader, final, pending
 from models_app.audit_mapper import (
@@ -35,6 +35,7 @@ from models_app.audit_mapper import (
     new_router_id,
     stop_reason,
 )
+from models_app.db import drop_stale_connections
 from models_app.models import AuditEvent
 from routerpanel.router.engine import Engine
 from routerpanel.router.feed import EngineEvent
@@ -79,7 +80,7 @@ def store_rows(rows: list[Row]) -> None:
     A row the database refuses as data (it would be refused forever) is logged and dropped
     rather than blocking every row behind it.
     """
-    close_old_connections()  # drop a connection the server closed since the last batch
+    drop_stale_connections()  # a connection the server closed since the last batch
     events = [to_event(row) for row in rows]
     try:
         AuditEvent.objects.record_many(events)

@@ -31,10 +31,10 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.signals import user_login_failed
-from django.db import close_old_connections
 from django.db.models import Max, Sum
 from django.utils import timezone
 
+from models_app.db import drop_stale_connections
 from models_app.models import AuditEvent, AuditKind
 
 log = logging.getLogger(__name__)
@@ -146,14 +146,14 @@ class SignInAudit:
 
     def _write(self, kind: str, count: int, details: dict[str, Any], thread: bool = False) -> None:
         if thread:
-            close_old_connections()  # a timer thread: its own, possibly stale, connection
+            drop_stale_connections()  # a timer thread: its own, possibly stale, connection
         try:
             self._writer(kind, count, details)
         except Exception:  # the database may be down: a lost row must not break signing in
             log.warning("could not audit %d %s events", count, kind, exc_info=True)
         finally:
             if thread:
-                close_old_connections()
+                drop_stale_connections()
 
 
 AUDIT = SignInAudit()

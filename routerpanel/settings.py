@@ -110,6 +110,10 @@ else:
                 "transaction_mode": "IMMEDIATE",
                 "init_command": "PRAGMA journal_mode=WAL;",
             },
+            # Tests get a file too, not SQLite's in-memory database: its shared cache answers a
+            # second writer at once with "database table is locked" (no busy timeout applies),
+            # so tests would see failures production never has, and not the locking it does have.
+            "TEST": {"NAME": str(DATA_DIR / "test.sqlite3")},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

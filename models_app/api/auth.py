@@ -40,9 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
 from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
+
+from models_app.db import own_connection
 
 log = logging.getLogger(__name__)
 
@@ -88,27 +89,22 @@ class KeyTable:
     names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name/alias -> all names
 
 
+@own_connection
 def load_from_database() -> KeyTable:
     """Read the key table (sync: run it in a thread)."""
     from models_app.models import ApiKey, RouterSettings
 
-    close_old_connections()  # drop a connection the database closed since the last read
-    try:
-        required = (
-            RouterSettings.objects.filter(pk=1).values_list("require_api_key", flat=True).first()
+    required = RouterSettings.objects.filter(pk=1).values_list("require_api_key", flat=True).first()
+    rows = list(
+        ApiKey.objects.active().values_list(
+            "id", "hash", "name", "owner__username", "owner__is_superuser",
+            "model_patterns", "max_concurrent", "priority",
         )
-        rows = list(
-            ApiKey.objects.active().values_list(
-                "id", "hash", "name", "owner__username", "owner__is_superuser",
-                "model_patterns", "max_concurrent", "priority",
-            )
-        )  # fmt: skip
-        keys = {row[1]: _caller(row) for row in rows}
-        operators = _operators({(row[3], row[4]) for row in rows})
-        operator_actors = frozenset(f"key:{row[3]}/{row[2]}" for row in rows if row[3] in operators)
-        return KeyTable(bool(required), keys, operator_actors, _preset_names())
-    finally:
-        close_old_connections()
+    )  # fmt: skip
+    keys = {row[1]: _caller(row) for row in rows}
+    operators = _operators({(row[3], row[4]) for row in rows})
+    operator_actors = frozenset(f"key:{row[3]}/{row[2]}" for row in rows if row[3] in operators)
+    return KeyTable(bool(required), keys, operator_actors, _preset_names())
 
 
 def _caller(row: tuple[Any, ...]) -> Caller:
@@ -145,14 +141,11 @@ def _operators(owners: set[tuple[str, bool]]) -> set[str]:
     return set(granted) | {owner for owner, superuser in owners if superuser}
 
 
+@own_connection
 def touch_in_database(key_id: int) -> None:
     from models_app.models import ApiKey
 
-    close_old_connections()
-    try:
-        ApiKey.objects.filter(pk=key_id).update(last_used_at=timezone.now())
-    finally:
-        close_old_connections()
+    ApiKey.objects.filter(pk=key_id).update(last_used_at=timezone.now())
 
 
 def digest(key: str | bytes) -> str:
@@ -321,14 +314,11 @@ def configure(keys: Iterable[str]) -> None:
 # ---- failed logins: audited off the request path, rate-limited ---------------------------------
 
 
+@own_connection
 def record_in_database(count: int, details: dict[str, Any]) -> None:
     from models_app.audit import record_auth_failures
 
-    close_old_connections()
-    try:
-        record_auth_failures(count, details)
-    finally:
-        close_old_connections()
+    record_auth_failures(count, details)
 
 
 class AuditWindow:

@@ -28,25 +28,21 @@ import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from django.db import close_old_connections
-
 from models_app.api.auth import AuditWindow, Caller, KeyStore, client_of
 from models_app.api.errors import ApiError
 from models_app.api.request import Request
+from models_app.db import own_connection
 
 RETRY_AFTER = 1  # seconds: a slot frees when one of the key's own requests ends
 SCOPE = "key_scope"  # AuditKind values (models_app.models imports Django models: not here)
 BUSY = "key_busy"
 
 
+@own_connection
 def record_in_database(kind: str, count: int, details: dict[str, Any]) -> None:
     from models_app.audit import record_key_refusals
 
-    close_old_connections()
-    try:
-        record_key_refusals(kind, count, details)
-    finally:
-        close_old_connections()
+    record_key_refusals(kind, count, details)
 
 
 class KeyRefusals(AuditWindow):
