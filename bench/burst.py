@@ -20,12 +20,10 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import resource
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -35,10 +33,6 @@ from bench import common
 from bench.common import Proc, Processes, Table
 
 MODELS = ("burst-a", "burst-b", "burst-c")
-PG_ADMIN_URL = os.environ.get(
-    "ROUTERPANEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
-REDIS_URL = os.environ.get("ROUTERPANEL_TEST_REDIS", "redis://127.0.0.1:6379/15")
 
 
 async def post(port: int, body: bytes, timeout: float) -> int:
@@ -129,7 +123,7 @@ def run(requests: int = 1000, timeout: float = 300.0) -> list[Table]:
             result = asyncio.run(fire(router.port or 0, requests, timeout))
         row(table, "embedded (serve)", requests, result, peak.peak)
         procs.stop(router)
-        with team_services() as services:
+        with common.team_services("rp_burst") as services:
             if services is None:
                 table.notes.append("team mode: PostgreSQL or Redis not reachable, skipped")
             else:
@@ -146,26 +140,6 @@ def run(requests: int = 1000, timeout: float = 300.0) -> list[Table]:
         f"{timeout:g} s.",
     ]
     return [table]
-
-
-@contextlib.contextmanager
-def team_services() -> object:
-    try:
-        import psycopg
-        import redis
-
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
-    except Exception:
-        yield None
-        return
-    name = f"rp_burst_{uuid.uuid4().hex[:8]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield (PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name, REDIS_URL)
-    finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
 
 
 def main() -> None:

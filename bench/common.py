@@ -309,8 +309,42 @@ def start_routerpanel(
     return proc
 
 
+PG_ADMIN_URL = os.environ.get(
+    "ROUTERPANEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("ROUTERPANEL_TEST_REDIS", "redis://127.0.0.1:6379/15")
+
+
+@contextlib.contextmanager
+def team_services(prefix: str) -> Iterator[tuple[str, str] | None]:
+    """A throw-away PostgreSQL database and the Redis URL for team mode, or None when either
+    does not answer on 127.0.0.1 (the benchmark then says it skipped team mode)."""
+    try:
+        import psycopg
+        import redis
+
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
+    except Exception:
+        yield None
+        return
+    name = f"{prefix}_{os.getpid()}_{int(time.time())}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield (PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name, REDIS_URL)
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
 def start_team(
-    procs: Processes, ini: Path, models_max: int, database_url: str, redis_url: str
+    procs: Processes,
+    ini: Path,
+    models_max: int,
+    database_url: str,
+    redis_url: str,
+    *,
+    server_bin: Path | None = None,
 ) -> tuple[Proc, Proc]:
     """Team mode: ``runrouter`` and ``serve --no-router`` over Redis and PostgreSQL."""
     env = {"DATABASE_URL": database_url, "REDIS_URL": redis_url}
@@ -321,6 +355,8 @@ def start_team(
     data = Path(tempfile.mkdtemp(prefix="team-router-", dir=procs.workdir))
     argv = [PYTHON, "manage.py", "runrouter", "--models-preset", str(ini)]
     argv += ["--models-max", str(models_max)]
+    if server_bin is not None:
+        argv += ["--server-bin", str(server_bin)]
     router = procs.start("runrouter", argv, env={**env, "ROUTERPANEL_DATA_DIR": str(data)})
     wait_until(lambda: "router running" in router.output(), 180, "runrouter", router)
     data = Path(tempfile.mkdtemp(prefix="team-web-", dir=procs.workdir))

@@ -7,7 +7,8 @@ Two children, each measured against itself:
 * the real llama-server with the tiny GGUF model (2.8 MB), behind RouterPanel (``manage.py serve
   --models-preset same.ini``, and a second one with ``--http uvicorn``) and behind llama.cpp's own
   router (``llama-server --models-preset same.ini``) — the same INI, so every router runs the
-  same child command;
+  same child command — and, when PostgreSQL and Redis answer on 127.0.0.1, behind team mode
+  (``runrouter`` + ``serve --no-router``, a throw-away database and Redis prefix);
 * the simulated llama-server (``routerpanel.router.simserver``), behind RouterPanel only
   (llama.cpp's router can only start its own binary).
 
@@ -22,7 +23,7 @@ per target) and off (a new connection per request, ``Connection: close``).
 Streaming: 1 and 16 concurrent streamed chat completions of 256 tokens each, all started
 together; throughput = tokens received / wall time until the last stream ended; the median of
 ``--rounds`` rounds, targets interleaved. For each router, its own process's CPU time per token
-received over the same rounds.
+received over the same rounds (team mode: the web process's and runrouter's together).
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ class Target:
     port: int
     model: str
     baseline: str | None = None  # label of the direct target this one is compared with
-    router_pid: int | None = None  # the router's own process: its CPU per streamed token
+    # The router's own processes (team mode: the web process and runrouter): their CPU per
+    # streamed token.
+    router_pids: tuple[int, ...] = ()
 
 
 def payload(route: str, model: str, **extra: object) -> bytes:
@@ -176,7 +179,7 @@ def stream_round(t: Target, concurrency: int) -> tuple[float, int, float | None]
     barrier = threading.Barrier(concurrency + 1)
     counts: list[int] = []
     errors: list[BaseException] = []
-    router = psutil.Process(t.router_pid) if t.router_pid is not None else None
+    routers = [psutil.Process(pid) for pid in t.router_pids]
 
     def run() -> None:
         barrier.wait()
@@ -188,7 +191,7 @@ def stream_round(t: Target, concurrency: int) -> tuple[float, int, float | None]
     threads = [threading.Thread(target=run, daemon=True) for _ in range(concurrency)]
     for thread in threads:
         thread.start()
-    cpu_before = cpu_seconds(router)
+    cpu_before = cpu_seconds(routers)
     barrier.wait()
     started = time.perf_counter()
     for thread in threads:
@@ -197,15 +200,13 @@ def stream_round(t: Target, concurrency: int) -> tuple[float, int, float | None]
     if errors:
         raise RuntimeError(f"{t.label}: {errors[0]}")
     tokens = sum(counts)
-    cpu = None if router is None else cpu_seconds(router) - cpu_before
+    cpu = cpu_seconds(routers) - cpu_before if routers else None
     return tokens / wall, tokens, cpu
 
 
-def cpu_seconds(process: psutil.Process | None) -> float:
-    if process is None:
-        return 0.0
-    times = process.cpu_times()
-    return float(times.user + times.system)
+def cpu_seconds(processes: Sequence[psutil.Process]) -> float:
+    times = [process.cpu_times() for process in processes]
+    return float(sum(t.user + t.system for t in times))
 
 
 def streaming(
@@ -231,7 +232,7 @@ def streaming(
             if t.baseline is not None:
                 vs = f"{tps / common.median(results[t.baseline]):.2f}"
             # One stream's rounds use a few clock ticks of CPU in all: too coarse to show.
-            shown = t.router_pid is not None and concurrency > 1
+            shown = bool(t.router_pids) and concurrency > 1
             cpu_cell = f"{cpu[t.label] / tokens[t.label] * 1e6:.0f}" if shown else ""
             table.add(child, concurrency, t.label, f"{tps:,.0f}", vs, cpu_cell)
 
@@ -239,7 +240,9 @@ def streaming(
 # ---- set-up ---------------------------------------------------------------------------------
 
 
-def real_targets(procs: Processes, work: Path) -> list[Target]:
+def real_targets(
+    procs: Processes, work: Path, team: tuple[str, str] | None, notes: list[str]
+) -> list[Target]:
     server_bin = common.llama_server_bin()
     models = common.tiny_models()
     ini = work / "same.ini"
@@ -252,16 +255,32 @@ def real_targets(procs: Processes, work: Path) -> list[Target]:
     llama = common.start_llama_router(procs, server_bin, ini, 2)
     for router in (rp, uv, llama):
         common.load_by_request(router, MODEL)
-    return [
+    targets = [
         Target("direct (RouterPanel's child)", common.child_port(rp, MODEL), MODEL),
-        Target("RouterPanel", rp.port or 0, MODEL, "direct (RouterPanel's child)", rp.pid),
+        Target("RouterPanel", rp.port or 0, MODEL, "direct (RouterPanel's child)", (rp.pid,)),
         Target("direct (uvicorn's child)", common.child_port(uv, MODEL), MODEL),
         Target(
-            "RouterPanel --http uvicorn", uv.port or 0, MODEL, "direct (uvicorn's child)", uv.pid
+            "RouterPanel --http uvicorn", uv.port or 0, MODEL, "direct (uvicorn's child)",
+            (uv.pid,),
         ),
         Target("direct (llama.cpp's child)", common.child_port(llama, MODEL), MODEL),
-        Target("llama.cpp router", llama.port or 0, MODEL, "direct (llama.cpp's child)", llama.pid),
-    ]
+        Target(
+            "llama.cpp router", llama.port or 0, MODEL, "direct (llama.cpp's child)", (llama.pid,)
+        ),
+    ]  # fmt: skip
+    if team is None:
+        notes.append("team mode: PostgreSQL or Redis not reachable on 127.0.0.1, not measured")
+        return targets
+    runrouter, web = common.start_team(procs, ini, 2, *team, server_bin=server_bin)
+    common.load_by_request(web, MODEL)
+    return [
+        *targets,
+        Target("direct (team's child)", common.child_port(web, MODEL), MODEL),
+        Target(
+            "RouterPanel team (serve --no-router + runrouter)", web.port or 0, MODEL,
+            "direct (team's child)", (web.pid, runrouter.pid),
+        ),
+    ]  # fmt: skip
 
 
 def sim_targets(procs: Processes, work: Path) -> list[Target]:
@@ -271,7 +290,7 @@ def sim_targets(procs: Processes, work: Path) -> list[Target]:
     common.load_by_request(rp, SIM)
     return [
         Target("direct (simserver)", common.child_port(rp, SIM), SIM),
-        Target("RouterPanel", rp.port or 0, SIM, "direct (simserver)", rp.pid),
+        Target("RouterPanel", rp.port or 0, SIM, "direct (simserver)", (rp.pid,)),
     ]
 
 
@@ -287,15 +306,20 @@ def run(requests: int = 200, rounds: int = 5, seed: int = 11434) -> list[Table]:
         f"Streamed tokens per second ({STREAM_TOKENS}-token chats, median of {rounds} rounds)",
         ["child", "streams", "target", "tokens/s", "× direct", "router CPU µs/token"],
     )
-    with common.workdir("proxy") as work, Processes(work) as procs:
-        real = real_targets(procs, work)
+    notes: list[str] = []
+    with (
+        common.workdir("proxy") as work,
+        Processes(work) as procs,
+        common.team_services("rp_proxy") as team,
+    ):
+        real = real_targets(procs, work, team, notes)
         sim = sim_targets(procs, work)
         check_chat_length(real + sim)
         overhead("llama-server", real, requests, rng, per_request)
         sim_direct = overhead("simserver", sim, requests, rng, per_request)
         streaming("llama-server", real, rounds, rng, streams)
         streaming("simserver", sim, rounds, rng, streams)
-    per_request.notes += delayed_ack_notes(sim_direct)
+    per_request.notes += notes + delayed_ack_notes(sim_direct)
     streams.notes.append(
         "router CPU µs/token (16 streams): the router process's own user + system CPU time "
         "over all rounds (psutil, children not counted) divided by the tokens its clients "
