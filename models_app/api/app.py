@@ -257,6 +257,7 @@ class Api:
 
     async def aclose(self) -> None:
         await self.upstreams.aclose()
+        await self.usage.drain(deadline=5.0)  # the last usage rows, if the database answers
 
 
 _SUFFIXES = itertools.count(2)
