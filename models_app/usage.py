@@ -191,18 +191,26 @@ class UsageRecorder:
                 self._timer = loop.call_later(self.flush_seconds, self._flush)
 
     async def drain(self, deadline: float = 10.0) -> None:
-        """Write everything pending now (tests, shutdown); gives up after ``deadline`` s."""
+        """Write what is pending now (tests, shutdown); stops at the first failed write or
+        after ``deadline`` seconds."""
         end = time.monotonic() + deadline
-        while (self.pending or self._writing is not None) and time.monotonic() < end:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+        while time.monotonic() < end:
             if self._writing is None:
+                if not self.pending:
+                    return
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+                before = len(self.pending)
                 self._flush()
-            if self._writing is not None:
-                await asyncio.wait({self._writing}, timeout=max(0.0, end - time.monotonic()))
             else:
-                break
+                before = len(self.pending) + BATCH
+            task = self._writing
+            if task is None:
+                return
+            await asyncio.wait({task}, timeout=max(0.0, end - time.monotonic()))
+            if not task.done() or len(self.pending) >= before:
+                return  # too slow, or the database is away: the timer tries again
 
 
 RECORDER = UsageRecorder()
