@@ -30,31 +30,41 @@ from asgiref.sync import sync_to_async
 
 log = logging.getLogger(__name__)
 
-TAIL_BYTES = 16_384  # the end of an answer that is searched for token counts
+TAIL_BYTES = 4096  # the end of an answer searched for token counts (theirs are in its last ~600)
 FLUSH_SECONDS = 1.0
 BATCH = 500
 MAX_PENDING = 50_000
 
-# A JSON key not inside a string (a quote escaped as \" is text, not a key), then its number.
-_PROMPT = re.compile(
-    rb'(?<!\\)"(?:prompt_tokens|input_tokens|prompt_n|tokens_evaluated)"\s*:\s*(\d+)'
-)
-_COMPLETION = re.compile(
-    rb'(?<!\\)"(?:completion_tokens|output_tokens|predicted_n|tokens_predicted)"\s*:\s*(\d+)'
-)
+# The keys, quoted, that name the counts (the last one found wins), and the number after one.
+_PROMPT = (b'"prompt_tokens"', b'"input_tokens"', b'"prompt_n"', b'"tokens_evaluated"')
+_COMPLETION = (
+    b'"completion_tokens"', b'"output_tokens"', b'"predicted_n"', b'"tokens_predicted"',
+)  # fmt: skip
+_NUMBER = re.compile(rb"\s*:\s*(\d+)")
 
 
 def tokens_in(tail: bytes) -> tuple[int | None, int | None]:
-    """The last prompt and completion token counts in the tail of an answer (None: absent)."""
+    """The last prompt and completion token counts in the tail of an answer (None: absent).
+
+    ``bytes.rfind`` per key name, from the end: about 15 µs on a 4 KiB tail without them
+    (a regular expression with a look-behind took 1.8 ms on 16 KiB).
+    """
     tail = tail[-TAIL_BYTES:]
     return _last(_PROMPT, tail), _last(_COMPLETION, tail)
 
 
-def _last(pattern: re.Pattern[bytes], text: bytes) -> int | None:
-    found = None
-    for found in pattern.finditer(text):  # noqa: B007 (the last one is the answer's own)
-        pass
-    return int(found.group(1)) if found is not None else None
+def _last(names: tuple[bytes, ...], text: bytes) -> int | None:
+    best, value = -1, None
+    for name in names:
+        end = len(text)
+        while (at := text.rfind(name, 0, end)) > best:
+            # a key, not text: not escaped (\"prompt_n\" inside a string) and a number follows
+            found = _NUMBER.match(text, at + len(name)) if text[at - 1 : at] != b"\\" else None
+            if found is not None:
+                best, value = at, int(found.group(1))
+                break
+            end = at
+    return value
 
 
 def split_actor(actor: str) -> tuple[str, str]:
