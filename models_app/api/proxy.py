@@ -184,9 +184,9 @@ class Meter:
         tail = self.whole[-usage.TAIL_BYTES :] or self.previous + self.last
         prompt, completion = usage.tokens_in(tail) if tail else (None, None)
         r = self.receipt
+        status = self.status or (499 if request.client_gone else 500)  # 0: no answer came
         return usage.Usage(
-            request.actor, grant.model, arrived, request.path, request.request_id,
-            self.status or 499 if request.client_gone else self.status or 500,
+            request.actor, grant.model, arrived, request.path, request.request_id, status,
             r.queued, r.load, r.caused_load, r.evicted, prompt, completion, held,
         )  # fmt: skip
 
