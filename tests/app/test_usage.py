@@ -139,6 +139,27 @@ class TestRecording:
         assert counters.loads_caused[("anonymous", "big")] == 1
         assert counters.completion_tokens[("anonymous", "small")] == 5
 
+    async def test_a_client_that_leaves_mid_stream_still_leaves_a_row(
+        self,
+        client: AsgiClient,
+        router: FakeRouter,
+        slow_simserver: SimServer,
+        recorder: usage.UsageRecorder,
+    ) -> None:
+        recorder.flush_seconds = 3600
+        router.add("slow", Grant(slow_simserver.port, SWAP), status="loaded")
+        call = client.start("POST", "/v1/chat/completions", json_body=chat("slow", 100, True))
+        await call.wait_body(lambda body: body.count(b'"content":"') >= 2)
+        call.disconnect()
+        await router.wait_for("router.release")
+        async with asyncio.timeout(10):  # recorded right after the release is sent
+            while not recorder.pending:
+                await asyncio.sleep(0.01)
+        (row,) = recorder.pending
+        assert (row.model, row.status, row.caused_load) == ("slow", 200, True)
+        assert row.completion_tokens is None  # the stream never reached its usage chunk
+        assert 0 < row.duration < 10
+
     async def test_a_database_that_is_away_breaks_nothing_and_loses_nothing(
         self,
         client: AsgiClient,
