@@ -41,7 +41,8 @@ one that wants an answer ``request_id``, ``reply_channel`` and ``boot``::
 Answers (router → reply channel); each carries the router's ``boot`` id::
 
     router.queued   {request_id, position}
-    router.granted  {request_id, lease_id, model, port, lease_ttl}
+    router.granted  {request_id, lease_id, model, port, lease_ttl,
+                     queue_ms, load_ms, evicted, caused_load}   (the receipt, issue 17.3)
     router.rejected {request_id, status, error: {code, message, type}, retry_after}
     router.accepted {request_id}                      (a call is under way; result follows)
     router.result   {request_id, ok, status, body}    (body: the call's answer, messages.py)
@@ -93,6 +94,7 @@ from models_app.messages import (
     SuccessAnswer,
     WaitingMessage,
 )
+from routerpanel.router.receipts import NO_RECEIPT, Receipt
 
 if TYPE_CHECKING:
     from models_app.liveness import RouterWatch
@@ -157,6 +159,7 @@ class Grant:
     port: int
     lease_ttl: float
     boot: str = ""
+    receipt: Receipt = NO_RECEIPT  # what the request waited through (issue 17.3)
 
     @property
     def local(self) -> bool:
@@ -244,7 +247,9 @@ class RouterClient:
             )
         except RouterError as exc:
             raise RouterRejected.from_error(exc) from None
-        return Grant(request_id, lease.lease_id, lease.model, lease.port, math.inf, host.boot)
+        return Grant(
+            request_id, lease.lease_id, lease.model, lease.port, math.inf, host.boot, lease.receipt
+        )
 
     async def _acquire_remote(
         self, model: str, actor: str, autoload: bool, request_id: str
@@ -524,6 +529,7 @@ class RouterClient:
                 int(answer["port"]),
                 float(answer["lease_ttl"]),
                 answer.get("boot", ""),
+                receipt_from(answer),
             )
         if answer["type"] == "router.rejected":
             raise RouterRejected(answer["status"], answer["error"], answer.get("retry_after"))
@@ -584,7 +590,13 @@ def queued(request_id: str, position: int, boot: str = "") -> QueuedMessage:
 
 
 def granted(
-    request_id: str, lease_id: str, model: str, port: int, ttl: float, boot: str = ""
+    request_id: str,
+    lease_id: str,
+    model: str,
+    port: int,
+    ttl: float,
+    boot: str = "",
+    receipt: Receipt = NO_RECEIPT,
 ) -> GrantedMessage:
     return {
         "type": "router.granted",
@@ -594,7 +606,24 @@ def granted(
         "port": port,
         "lease_ttl": ttl,
         "boot": boot,
+        "queue_ms": receipt.queued * 1000,
+        "load_ms": receipt.load * 1000,
+        "evicted": list(receipt.evicted),
+        "caused_load": receipt.caused_load,
     }
+
+
+def receipt_from(answer: GrantedMessage) -> Receipt:
+    """The receipt a granted message carries (none from a router that sends none)."""
+    try:
+        return Receipt(
+            float(answer.get("queue_ms", 0.0)) / 1000,
+            float(answer.get("load_ms", 0.0)) / 1000,
+            tuple(str(m) for m in answer.get("evicted", ())),
+            bool(answer.get("caused_load", False)),
+        )
+    except (TypeError, ValueError):
+        return NO_RECEIPT
 
 
 def rejected(

@@ -306,6 +306,10 @@ class QueuedMessage(TypedDict):
 
 
 class GrantedMessage(TypedDict):
+    """A lease, and the request's receipt (issue 17.3): milliseconds queued, the load it waited
+    for (0: the model was loaded), the models evicted for that load, and whether its entry
+    caused it. The receipt's keys may be missing (a router of an earlier version)."""
+
     type: Literal["router.granted"]
     request_id: str
     lease_id: str
@@ -313,6 +317,10 @@ class GrantedMessage(TypedDict):
     port: int
     lease_ttl: float
     boot: str
+    queue_ms: NotRequired[float]
+    load_ms: NotRequired[float]
+    evicted: NotRequired[list[str]]
+    caused_load: NotRequired[bool]
 
 
 class RejectedMessage(TypedDict):

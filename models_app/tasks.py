@@ -7,7 +7,7 @@ periodic tasks in the admin. Tests call the functions directly.
 
 - ``inspect_preset(preset_id)``: read the preset's GGUF and store its facts and memory estimate;
   queued by ``preset_saved`` after each save that can change them.
-- ``apply_retention()``: ``audit.purge_expired`` (daily).
+- ``apply_retention()``: ``audit.purge_expired`` and ``usage.purge_expired`` (daily).
 - ``roll_up_memory()``: fold the router's memory ring into ``MemoryRollup`` rows (every minute).
 - ``preload(name)``: ask the router to load a model, as the actor ``schedule``.
 """
@@ -24,7 +24,7 @@ from celery import shared_task
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
-from models_app import audit, metrics
+from models_app import audit, metrics, usage
 from models_app.bridge import RouterClient, RouterRejected
 from models_app.models import Preset, RouterSettings
 from routerpanel.router import gguf, options
@@ -168,7 +168,10 @@ def settings_saved(sender: Any, instance: RouterSettings, **kwargs: Any) -> None
 
 
 def apply_retention() -> int:
-    return audit.purge_expired()
+    """Delete expired audit rows (the count returned) and usage rows, on the same setting."""
+    purged = audit.purge_expired()
+    usage.purge_expired()
+    return purged
 
 
 def roll_up_memory(client: RouterClient | None = None) -> int:

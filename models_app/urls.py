@@ -4,7 +4,7 @@ reach Django: the ASGI dispatcher answers them first, so none of these may start
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from models_app.views import admin_pages, audit_log, dashboard, logs, presets
+from models_app.views import admin_pages, audit_log, dashboard, logs, presets, usage
 
 app_name = "panel"
 
@@ -24,6 +24,7 @@ urlpatterns = [
     path("presets/<int:pk>/delete/", presets.preset_delete, name="preset_delete"),
     path("audit/", audit_log.audit_list, name="audit"),
     path("audit/<int:pk>/", audit_log.audit_detail, name="audit_detail"),
+    path("usage/", usage.usage_page, name="usage"),
     path("logs/<path:model>/", logs.model_logs, name="logs"),
     # No trailing slash: a model name may hold "/", and logs/x.log/ is the page of "x.log".
     path("logs/<path:model>.log", logs.model_logs_text, name="logs_text"),

@@ -335,7 +335,7 @@ class RouterHost:
         else:
             ttl = self._engine.config.lease_ttl  # not snapshot(): that builds every model's view
             answer = bridge.granted(
-                request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot
+                request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot, lease.receipt
             )
         finally:
             self._acquires.pop(request_id, None)
@@ -356,7 +356,7 @@ class RouterHost:
         elif lease is not None:
             ttl = self._engine.config.lease_ttl
             answer = bridge.granted(
-                request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot
+                request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot, lease.receipt
             )
         else:
             text = "the router does not know this request (it restarted, or the request was lost)"

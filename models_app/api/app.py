@@ -22,6 +22,7 @@ path                           methods         handler
 /models/cancel                 POST            routes.cancel_queued (ours: queued → 499) *
 /models/sse                    GET             sse.stream_events
 /metrics                       GET             routes.metrics (Prometheus; ``?model=`` → proxy)
+/usage                         GET             usage_route.usage_summary (ours, issue 17.2)
 /tools, /cors-proxy            GET, POST       routes.feature_disabled (403)
 proxy.POST_PATHS, /slots/<id>  POST            proxy.proxy_post (model from the JSON body;
                                                * for /props, /lora-adapters, /slots/<id>)
@@ -54,8 +55,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from models_app import security
-from models_app.api import auth, proxy, routes, scopes, sse
+from models_app import security, usage
+from models_app.api import auth, proxy, routes, scopes, sse, usage_route
 from models_app.api.config import ApiConfig
 from models_app.api.errors import NOT_FOUND, UNAUTHORIZED, ApiError, error_body
 from models_app.api.request import JSON_TYPE, ClientGone, Message, Receive, Request, Scope, Send
@@ -105,6 +106,7 @@ def route_table() -> dict[str, dict[str, Route]]:
     add(("/models/sse",), ("GET",), Route(sse.stream_events))
     add(("/tools", "/cors-proxy"), ("GET", "POST"), Route(routes.feature_disabled))
     add(("/metrics",), ("GET",), Route(routes.metrics))  # ?model= still proxies (§8.2)
+    add(("/usage",), ("GET",), Route(usage_route.usage_summary))  # issue 17.2
     return table
 
 
@@ -135,6 +137,7 @@ class Api:
         config: ApiConfig | None = None,
         login_failures: auth.LoginFailures | None = None,
         gate: scopes.Gate | None = None,
+        recorder: usage.UsageRecorder | None = None,
     ) -> None:
         self.django = django_app
         self.router = router or RouterClient()
@@ -144,6 +147,7 @@ class Api:
         self.login_failures = login_failures  # None: 401s are not audited (tests)
         self.gate = gate or scopes.Gate(self.keys)  # scoped keys; unaudited unless given
         self.config = config or ApiConfig()
+        self.usage = recorder or usage.RECORDER  # usage rows, written off the request path
         self.upstreams = Upstreams(self.config)
         self.routes = route_table()
         self._request_ids: set[str] = set()
@@ -253,6 +257,7 @@ class Api:
 
     async def aclose(self) -> None:
         await self.upstreams.aclose()
+        await self.usage.drain(deadline=5.0)  # the last usage rows, if the database answers
 
 
 _SUFFIXES = itertools.count(2)

@@ -16,22 +16,31 @@ Deviation from llama.cpp, on purpose: a child that cannot be reached answers 500
 ``proxy error: <text>`` message, but in the JSON error shape instead of plain text labelled as
 JSON (§8.14, a §15.13 gap). The query string is forwarded as received rather than re-encoded in
 key order (§8.10): the child reads the same parameters either way.
+
+Receipts and usage (issue 17.2, 17.3): every answer from a child carries
+``X-RouterPanel-Queue-Ms`` (waiting for the model: queue and load), ``X-RouterPanel-Load-Ms``
+(the load it waited for; 0 when the model was loaded) and, when models were evicted for that
+load, ``X-RouterPanel-Evicted`` (their names, comma-separated), from the grant's receipt. When
+the answer ends, one ``usage.Usage`` goes to the recorder: the receipt, the time the model was
+held, and the token counts read off the last chunks of the answer (``usage.tokens_in``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from email import policy
 from email.parser import BytesParser
 from typing import TYPE_CHECKING
 
-from models_app import runtime
+from models_app import runtime, usage
 from models_app.api import jsonbody
 from models_app.api.errors import ApiError, dumps
 from models_app.api.lease import LeaseKeeper
 from models_app.api.request import Request
 from models_app.api.upstream import Answer, UpstreamError
 from models_app.bridge import Grant
+from routerpanel.router.receipts import Receipt
 
 if TYPE_CHECKING:
     from models_app.api.app import Api
@@ -128,21 +137,63 @@ async def forward(api: Api, request: Request, model: str, body: bytes) -> None:
     ticket = api.gate.admit(request, model)  # issue 17.1: 403 out of scope, 429 over the limit
     router_id = api.claim_request_id(request.request_id)
     request.watch_disconnect()
+    arrived = time.time()
     try:
         grant = await api.router.acquire(
             model, actor=request.actor, autoload=autoload, request_id=router_id
         )
         lease = LeaseKeeper(api.router, grant)
+        meter = Meter(grant.receipt)
+        started = time.monotonic()
         try:
-            await relay(api, request, grant, lease, body)
+            await relay(api, request, grant, lease, body, meter)
         finally:
             await lease.release()
+            api.usage.record(meter.usage(request, grant, arrived, time.monotonic() - started))
     finally:
         ticket.release()  # also when cancelled or the client left
         api.release_request_id(router_id)
 
 
-async def relay(api: Api, request: Request, grant: Grant, lease: LeaseKeeper, body: bytes) -> None:
+class Meter:
+    """What the usage row needs from the answer: its status and its last chunks (the tail is
+    searched once, at the end; per chunk this only moves two references)."""
+
+    __slots__ = ("last", "previous", "receipt", "status", "whole")
+
+    def __init__(self, receipt: Receipt) -> None:
+        self.receipt = receipt
+        self.status = 0
+        self.previous = self.last = self.whole = b""
+
+    def chunk(self, chunk: bytes) -> None:
+        self.previous, self.last = self.last, chunk
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """The receipt's headers (issue 17.3)."""
+        r = self.receipt
+        headers = [
+            (b"x-routerpanel-queue-ms", b"%d" % round(r.queued * 1000)),
+            (b"x-routerpanel-load-ms", b"%d" % round(r.load * 1000)),
+        ]
+        if r.evicted:
+            headers.append((b"x-routerpanel-evicted", ",".join(r.evicted).encode()))
+        return headers
+
+    def usage(self, request: Request, grant: Grant, arrived: float, held: float) -> usage.Usage:
+        tail = self.whole[-usage.TAIL_BYTES :] or self.previous + self.last
+        prompt, completion = usage.tokens_in(tail) if tail else (None, None)
+        r = self.receipt
+        status = self.status or (499 if request.client_gone else 500)  # 0: no answer came
+        return usage.Usage(
+            request.actor, grant.model, arrived, request.path, request.request_id, status,
+            r.queued, r.load, r.caused_load, r.evicted, prompt, completion, held,
+        )  # fmt: skip
+
+
+async def relay(
+    api: Api, request: Request, grant: Grant, lease: LeaseKeeper, body: bytes, meter: Meter
+) -> None:
     pool = api.upstreams.checkout(grant.model, grant.port)
     try:
         try:
@@ -150,29 +201,36 @@ async def relay(api: Api, request: Request, grant: Grant, lease: LeaseKeeper, bo
                 request.method, upstream_target(request), upstream_headers(request), body
             )
         except UpstreamError as exc:
-            raise await failure(api, grant, exc) from None
+            raise await failure(api, grant, exc, meter) from None
+        meter.status = response.status
         try:
             lease.progress()
             try:
                 whole = await whole_answer(response, api.config.whole_answer_bytes, lease)
             except UpstreamError as exc:
-                raise await failure(api, grant, exc) from None
+                raise await failure(api, grant, exc, meter) from None
             if whole is not None:
-                await send_whole(request, response, whole)
+                meter.whole = whole
+                await send_whole(request, response, whole, meter)
             else:
-                await stream_back(api, request, response, grant, lease)
+                await stream_back(api, request, response, grant, lease, meter)
         finally:
             await response.aclose()  # unread: the connection closes and the child stops
     finally:
         api.upstreams.checkin(pool)
 
 
-async def failure(api: Api, grant: Grant, exc: UpstreamError) -> Exception:
+async def failure(api: Api, grant: Grant, exc: UpstreamError, meter: Meter) -> Exception:
     """What a client gets when the child fails before the answer started: why the router
-    ended the child (it killed it as hung), else ``proxy error: <text>`` (§8.14)."""
-    if (why := await api.router.why_ended(grant)) is not None:
-        return why
-    return ApiError(500, f"proxy error: {exc.text}")
+    ended the child (it killed it as hung), else ``proxy error: <text>`` (§8.14); with the
+    receipt's headers."""
+    why = await api.router.why_ended(grant)
+    error = ApiError.from_rejection(why) if why is not None else None
+    if error is None:
+        error = ApiError(500, f"proxy error: {exc.text}")
+    error.headers = (*error.headers, *meter.headers())
+    meter.status = error.status
+    return error
 
 
 async def whole_answer(response: Answer, limit: int, lease: LeaseKeeper) -> bytes | None:
@@ -193,15 +251,16 @@ async def whole_answer(response: Answer, limit: int, lease: LeaseKeeper) -> byte
     return b"".join(chunks)  # chunks() raised if the child sent fewer bytes than announced
 
 
-async def send_whole(request: Request, response: Answer, body: bytes) -> None:
+async def send_whole(request: Request, response: Answer, body: bytes, meter: Meter) -> None:
     headers = response_headers(response)
+    headers.extend(meter.headers())
     headers.append((b"content-length", str(len(body)).encode()))
     await request.start(response.status, headers)
     await request.end(body)
 
 
 async def stream_back(
-    api: Api, request: Request, response: Answer, grant: Grant, lease: LeaseKeeper
+    api: Api, request: Request, response: Answer, grant: Grant, lease: LeaseKeeper, meter: Meter
 ) -> None:
     """Relay the child's status, headers and body chunks as they arrive (§8.13).
 
@@ -209,15 +268,18 @@ async def stream_back(
     the end of the response: one message to Daphne for the last part instead of two.
     (The loop still runs to its end, without waiting, so the connection goes back to the pool.)
     """
-    if response.status == 404:
-        await request.respond(404, b"")  # the generic body replaces the child's (§9.3a keep)
+    if response.status == 404:  # the generic body replaces the child's (§9.3a keep)
+        await request.respond(404, b"", headers=tuple(meter.headers()))
         return
-    await request.start(response.status, response_headers(response))
+    headers = response_headers(response)
+    headers.extend(meter.headers())
+    await request.start(response.status, headers)
     expected = content_length(response)
     received, last = 0, b""
     try:
         async for chunk in response.chunks():
             received += len(chunk)
+            meter.chunk(chunk)
             lease.progress()
             if received == expected:
                 last = chunk

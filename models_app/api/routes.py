@@ -183,5 +183,6 @@ async def metrics(api: Api, request: Request) -> None:
         await proxy.proxy_get(api, request)
         return
     answer = await api.router.metrics()
-    body = router_metrics.render(answer.get("metrics") or [])
+    families = [*(answer.get("metrics") or []), *api.usage.counters.families()]  # 17.2
+    body = router_metrics.render(families)
     await request.respond(200, body, router_metrics.CONTENT_TYPE)

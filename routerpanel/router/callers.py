@@ -19,6 +19,7 @@ from typing import Any
 from routerpanel.router.commands import Acquire
 from routerpanel.router.decisions import Grant, RequestKind
 from routerpanel.router.errors import Lease, RouterError
+from routerpanel.router.receipts import Receipts
 
 
 def resolve(future: asyncio.Future[Any], value: Any) -> None:
@@ -67,6 +68,7 @@ class Callers:
         # grant (a counter, not a uuid4 each).
         self._lease_prefix = uuid.uuid4().hex[:12]
         self._lease_numbers = itertools.count(1)
+        self.receipts = Receipts()  # what each grant waited through (issue 17.3)
 
     def busy(self, request_id: str) -> bool:
         return request_id in self._waiters or request_id in self._by_request
@@ -75,8 +77,9 @@ class Callers:
         waiter = self._waiters.get(request_id)
         return waiter is None or waiter.renewable
 
-    def wait(self, command: Acquire) -> None:
+    def wait(self, command: Acquire, now: float) -> None:
         self._waiters[command.request_id] = command
+        self.receipts.arrived(command.request_id, now)
 
     def grant(self, grant: Grant, port: int, expires_at: float, now: float) -> bool:
         """Answer the waiter; False when a proxy grant found nobody to take it (release it).
@@ -85,13 +88,17 @@ class Callers:
         """
         waiter = self._waiters.pop(grant.request_id, None)
         if waiter is None or grant.kind is RequestKind.LOAD:
+            self.receipts.forget(grant.request_id)
             if waiter is not None:
                 resolve(waiter.future, None)
             return True
+        receipt = self.receipts.granted(grant.request_id, grant.model, now)
         if waiter.future.done():  # cancelled between its arrival and this grant (A7)
             return False
         lease_id = f"{self._lease_prefix}-{next(self._lease_numbers)}"
-        lease = Lease(lease_id, grant.request_id, grant.model, port, expires_at, waiter.actor)
+        lease = Lease(
+            lease_id, grant.request_id, grant.model, port, expires_at, waiter.actor, receipt
+        )
         self._leases[lease.lease_id] = _LeaseRecord(lease, expires_at)
         self._by_request[lease.request_id] = lease.lease_id
         if expires_at != math.inf:
@@ -105,6 +112,7 @@ class Callers:
         return True
 
     def reject(self, request_id: str, error: RouterError) -> None:
+        self.receipts.forget(request_id)
         if (waiter := self._waiters.pop(request_id, None)) is not None:
             fail(waiter.future, error)
 

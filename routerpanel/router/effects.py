@@ -53,6 +53,7 @@ class Effects(EngineBase):
 
     def _on_ready(self, ev: supervisor.ChildReady) -> None:
         self._facts.ready(ev)
+        self._callers.receipts.ready(ev.name, ev.load_seconds)
         out = self._scheduler.child_ready(ev.name, now=self._clock())
         note: ModelStateData = {"load_seconds": ev.load_seconds}
         note["loaded_for"] = self._facts.child(ev.name).spawned_for  # who the load was for
@@ -136,6 +137,7 @@ class Effects(EngineBase):
     def _spawn(self, spawn: decisions.Spawn) -> None:
         # unloaded -> loading happened in the scheduler: the slot is real (A6)
         self._facts.spawning(spawn.model, spawn.spec.argv)
+        self._callers.receipts.spawning(spawn.model, spawn.trigger.request_id)
         task = asyncio.create_task(self._spawn_child(spawn.spec), name=f"spawn {spawn.model}")
         self._spawning[spawn.model] = task
 
@@ -156,6 +158,8 @@ class Effects(EngineBase):
         name = decision.model
         frm = self._scheduler.model(name).state.value
         action = "stop" if isinstance(decision, decisions.Stop) else "kill"
+        if decision.reason is decisions.StopReason.EVICTION:  # charged to its cause (17.3)
+            self._callers.receipts.evicting(name, decision.trigger.request_id)
         if decision.reason in EVICTIONS:
             data = payloads.eviction_data(decision, self._facts.latest, frm)
             self._emit(Event.MODEL_EVICTED, data)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from routerpanel.router.decisions import Reject
+from routerpanel.router.receipts import NO_RECEIPT, Receipt
 
 
 class RouterError(Exception):
@@ -64,3 +65,4 @@ class Lease:
     port: int
     expires_at: float  # engine clock time; renew() pushes it, the caller's copy is not updated
     actor: str = ""  # who asked (the audit's actor if the lease expires)
+    receipt: Receipt = NO_RECEIPT  # what it waited through (issue 17.3)

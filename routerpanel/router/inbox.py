@@ -83,9 +83,9 @@ class Inbox(HangWatch):
         if not cmd.autoload and not self._servable(cmd.model):  # ROUTER_SPEC 8.6.4
             text = "model is not loaded"
             return fail(cmd.future, RouterError(400, "invalid_request_error", text))
-        self._callers.wait(cmd)
-        request, actor = cmd.request_id, cmd.actor or "anonymous"
         now = self._clock()
+        self._callers.wait(cmd, now)
+        request, actor = cmd.request_id, cmd.actor or "anonymous"
         self._apply(
             self._scheduler.request_arrived(request, cmd.model, now=now, actor=actor, kind=cmd.kind)
         )

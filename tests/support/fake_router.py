@@ -19,15 +19,17 @@ from typing import Any
 from channels.layers import BaseChannelLayer
 
 from models_app import bridge
+from routerpanel.router.receipts import NO_RECEIPT, Receipt
 
 LEASE_TTL = 30.0
 
 
 @dataclass
 class Grant:
-    """Answer at once with a lease on ``port`` (rule A1)."""
+    """Answer at once with a lease on ``port`` (rule A1), with ``receipt`` (issue 17.3)."""
 
     port: int
+    receipt: Receipt = NO_RECEIPT
 
 
 @dataclass
@@ -212,15 +214,18 @@ class FakeRouter:
             return
         assert model is not None
         port = model.port or 1
+        receipt = NO_RECEIPT
         if isinstance(behaviour, QueueThenGrant):
             await self._reply(message, bridge.queued(request_id, behaviour.position))
             await behaviour.release.wait()
             port = behaviour.port
         elif isinstance(behaviour, Grant):
-            port = behaviour.port
+            port, receipt = behaviour.port, behaviour.receipt
         lease_id = f"lease-{next(self._ids)}"
         self.leases[lease_id] = model.name
-        granted = bridge.granted(request_id, lease_id, model.name, port, self.lease_ttl)
+        granted = bridge.granted(
+            request_id, lease_id, model.name, port, self.lease_ttl, receipt=receipt
+        )
         await self._reply(message, granted)
 
     async def router_renew(self, message: dict[str, Any]) -> None:
