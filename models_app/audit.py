@@ -13,7 +13,7 @@ from typing import Any
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
-from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
+from models_app.models import ApiKey, AuditEvent, AuditKind, Preset, RouterSettings
 
 PRESET_FIELDS = (
     "name", "aliases", "model_path", "args", "env", "stop_timeout", "load_on_startup", "pinned",
@@ -99,6 +99,36 @@ def purge_expired(now: Any = None) -> int:
         return 0
     cutoff = (now or timezone.now()) - timedelta(days=days)
     return AuditEvent.objects.purge_older_than(cutoff)
+
+
+def key_state(key: ApiKey) -> dict[str, Any]:
+    """What the audit log keeps of a key: never its secret or hash, only the prefix people see."""
+    return {
+        "owner": key.owner.get_username(),
+        "name": key.name,
+        "prefix": key.prefix,
+        "models": key.model_patterns or "all",
+        "max_concurrent": key.max_concurrent,
+        "priority": key.priority,
+    }
+
+
+def record_key_change(
+    kind: str, key: ApiKey, actor: str, before: dict[str, Any] | None = None
+) -> AuditEvent | None:
+    """Audit a key created, rescoped (``before``: its state before) or revoked; a rescope that
+    changed nothing writes no row."""
+    state = key_state(key)
+    if kind == AuditKind.KEY_RESCOPED:
+        changes = diff(before, state)
+        if not changes:
+            return None
+        details: dict[str, Any] = {"key": key.actor, "changes": changes}
+        reason = f"{key.actor}: " + ", ".join(changes)
+    else:
+        details = {"key": key.actor} | state
+        reason = f"{key.actor} ({key.scope_text()})"
+    return AuditEvent.objects.record(kind, actor=actor, reason=reason[:500], details=details)
 
 
 def record_auth_failures(count: int, details: dict[str, Any]) -> AuditEvent:

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from models_app import audit, signin
 from models_app.forms import ApiKeyForm, KeyScopeForm, NewUserForm, RoleForm, SettingsForm
-from models_app.models import ApiKey, RouterSettings
+from models_app.models import ApiKey, AuditKind, RouterSettings
 from models_app.roles import Role, forbidden, require, role_of, set_role
 from models_app.views import common
 
@@ -107,13 +107,15 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     form = ApiKeyForm(request.POST or None, user=request.user, is_admin=is_admin)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
-        key, secret = ApiKey.objects.issue(
-            data["owner"],
-            data["name"],
-            model_patterns=data["models"],
-            max_concurrent=data["max_concurrent"],
-            priority=data["priority"],
-        )
+        with transaction.atomic():  # the key and its audit row, or neither
+            key, secret = ApiKey.objects.issue(
+                data["owner"],
+                data["name"],
+                model_patterns=data["models"],
+                max_concurrent=data["max_concurrent"],
+                priority=data["priority"],
+            )
+            audit.record_key_change(AuditKind.KEY_CREATED, key, audit.actor_of(request.user))
         request.session[NEW_KEY] = {"id": key.pk, "secret": secret}
         return redirect("panel:api_keys")
     keys = ApiKey.objects.select_related("owner").order_by("-created_at")
@@ -150,10 +152,14 @@ def api_key_scope(request: HttpRequest, pk: int) -> HttpResponse:
     }
     form = KeyScopeForm(request.POST or None, initial=initial, is_admin=is_admin, keep=key.priority)
     if request.method == "POST" and form.is_valid():
+        before = audit.key_state(key)
         key.model_patterns = form.cleaned_data["models"]
         key.max_concurrent = form.cleaned_data["max_concurrent"]
         key.priority = form.cleaned_data["priority"]
-        key.save(update_fields=["model_patterns", "max_concurrent", "priority"])
+        with transaction.atomic():
+            key.save(update_fields=["model_patterns", "max_concurrent", "priority"])
+            actor = audit.actor_of(request.user)
+            audit.record_key_change(AuditKind.KEY_RESCOPED, key, actor, before)
         messages.success(request, f"Saved {key.name}: {key.scope_text()}.")
         return redirect("panel:api_keys")
     return render(request, "panel/key_scope.html", {"key": key, "form": form})
@@ -168,7 +174,10 @@ def api_key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
         return forbidden(request, Role.ADMIN)
     if request.method == "GET":
         return render(request, "panel/key_revoke.html", {"key": key})
-    key.revoke()
+    if not key.revoked:
+        with transaction.atomic():
+            key.revoke()
+            audit.record_key_change(AuditKind.KEY_REVOKED, key, audit.actor_of(request.user))
     messages.success(request, f"Revoked {key}.")
     return redirect("panel:api_keys")
 

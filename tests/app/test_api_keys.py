@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from io import StringIO
 
 import pytest
@@ -11,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django.db import IntegrityError, transaction
 from django.test import Client
 
-from models_app.models import ApiKey, hash_api_key
+from models_app.models import ApiKey, AuditEvent, AuditKind, hash_api_key
 
 pytestmark = pytest.mark.django_db
 
@@ -63,6 +64,13 @@ class TestCreateApiKeyCommand:
         assert (key.name, key.hash) == ("ci", hash_api_key(secret))
         assert "not be shown again" in err.getvalue()
         assert secret not in err.getvalue()
+        row = AuditEvent.objects.get(kind=AuditKind.KEY_CREATED)
+        assert (row.actor, row.reason) == (
+            "cli:create_api_key",
+            "key:alice/ci (models all; no limit; priority normal)",
+        )
+        assert row.details["prefix"] == key.prefix
+        assert secret not in json.dumps(row.details) and key.hash not in json.dumps(row.details)
 
     def test_it_refuses_an_unknown_user_and_a_taken_name(self, alice: object) -> None:
         with pytest.raises(CommandError, match="no user named 'bob'"):
@@ -70,6 +78,7 @@ class TestCreateApiKeyCommand:
         call_command("create_api_key", "alice", "ci", stdout=StringIO(), stderr=StringIO())
         with pytest.raises(CommandError, match="already has an active key"):
             call_command("create_api_key", "alice", "ci", stdout=StringIO(), stderr=StringIO())
+        assert AuditEvent.objects.filter(kind=AuditKind.KEY_CREATED).count() == 1  # not refused
 
 
 class TestApiKeyAdmin:

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from models_app.models import ApiKey, hash_api_key
+from models_app.models import ApiKey, AuditEvent, AuditKind, hash_api_key
 from models_app.roles import Role, role_of
 from tests.support.panel import make_user
 
@@ -155,6 +155,27 @@ class TestKeys:
         old, _ = ApiKey.objects.issue(viewer, "old")
         old.revoke()
         assert viewer_client.get(f"/keys/{old.pk}/scope/").status_code == 404
+
+    def test_creating_rescoping_and_revoking_a_key_are_audited_with_who_did_it(
+        self, viewer_client: Client, viewer: object
+    ) -> None:
+        viewer_client.post("/keys/", {"name": "laptop", "priority": "normal"})
+        key = ApiKey.objects.get()
+        created = AuditEvent.objects.get(kind=AuditKind.KEY_CREATED)
+        assert (created.actor, created.details["key"]) == ("user:vera", "key:vera/laptop")
+        fields = {"models": "demo-*", "max_concurrent": "2", "priority": "normal"}
+        viewer_client.post(f"/keys/{key.pk}/scope/", fields)
+        viewer_client.post(f"/keys/{key.pk}/scope/", fields)  # the same again: no second row
+        rescoped = AuditEvent.objects.get(kind=AuditKind.KEY_RESCOPED)
+        assert rescoped.details["changes"] == {
+            "max_concurrent": [None, 2],
+            "models": ["all", "demo-*"],
+        }
+        assert rescoped.reason == "key:vera/laptop: max_concurrent, models"
+        viewer_client.post(f"/keys/{key.pk}/revoke/")
+        viewer_client.post(f"/keys/{key.pk}/revoke/")  # twice: revoked once
+        revoked = AuditEvent.objects.get(kind=AuditKind.KEY_REVOKED)
+        assert (revoked.actor, revoked.details["prefix"]) == ("user:vera", key.prefix)
 
     def test_a_viewer_cannot_issue_a_key_for_someone_else(self, viewer_client: Client) -> None:
         bob = make_user("bob", Role.VIEWER)

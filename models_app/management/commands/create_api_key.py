@@ -8,9 +8,12 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 
-from models_app.models import ApiKey, KeyPriority
+from models_app.audit import record_key_change
+from models_app.models import ApiKey, AuditKind, KeyPriority
+
+CLI_ACTOR = "cli:create_api_key"  # who the audit log says made a key from the shell
 
 
 def positive(text: str) -> int:
@@ -67,13 +70,15 @@ class Command(BaseCommand):
         if not name:
             raise CommandError("the key needs a name")
         try:
-            key, secret = ApiKey.objects.issue(
-                owner,
-                name,
-                model_patterns=options["models"],
-                max_concurrent=options["max_concurrent"],
-                priority=options["priority"],
-            )
+            with transaction.atomic():  # the key and its audit row, or neither
+                key, secret = ApiKey.objects.issue(
+                    owner,
+                    name,
+                    model_patterns=options["models"],
+                    max_concurrent=options["max_concurrent"],
+                    priority=options["priority"],
+                )
+                record_key_change(AuditKind.KEY_CREATED, key, CLI_ACTOR)
         except IntegrityError:
             raise CommandError(
                 f"{owner.get_username()} already has an active key named {name!r}"
