@@ -151,6 +151,7 @@ def record_auth_failures(count: int, details: dict[str, Any]) -> AuditEvent:
 KEY_REFUSAL_REASONS = {
     AuditKind.KEY_SCOPE: "outside the key's models",
     AuditKind.KEY_BUSY: "over the key's concurrent-request limit",
+    AuditKind.QUOTA_EXCEEDED: "over a quota",
 }
 
 

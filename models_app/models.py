@@ -584,6 +584,53 @@ class ApiKey(models.Model):
             self.save(update_fields=["revoked_at"])
 
 
+class Quota(models.Model):
+    """A user's limits, or one of their keys' (issue 17.4). No row: no limit. A user's quota
+    counts every request made with any of their keys; a key's only that key's."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="quotas"
+    )
+    key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.CASCADE, related_name="quotas",
+        help_text="Empty: the quota is the user's, over all of their keys.",
+    )  # fmt: skip
+    tokens_per_day = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Prompt + completion tokens per UTC day. Empty: no limit.",
+    )  # fmt: skip
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Requests in any 60 s. Empty: no limit.",
+    )  # fmt: skip
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user"], condition=models.Q(key__isnull=True), name="quota_one_per_user"
+            ),
+            models.UniqueConstraint(fields=["key"], name="quota_one_per_key"),
+        ]
+
+    def __str__(self) -> str:
+        return self.subject
+
+    @property
+    def subject(self) -> str:
+        """``user alice`` or ``key alice/laptop``: whom the quota binds."""
+        if self.key_id is None:
+            return f"user {self.user.get_username()}"
+        return f"key {self.user.get_username()}/{self.key.name if self.key else ''}"
+
+    def limits_text(self) -> str:
+        parts = []
+        if self.tokens_per_day:
+            parts.append(f"{self.tokens_per_day:,} tokens per day")
+        if self.requests_per_minute:
+            parts.append(f"{self.requests_per_minute:,} requests per minute")
+        return ", ".join(parts) or "no limit"
+
+
 class AuditKind(TextChoices):
     LOAD_REQUESTED = "load_requested", "load requested"
     LOADING = "loading", "loading"
@@ -612,6 +659,8 @@ class AuditKind(TextChoices):
     KEY_CREATED = "key_created", "API key created"
     KEY_RESCOPED = "key_rescoped", "API key scope changed"
     KEY_REVOKED = "key_revoked", "API key revoked"
+    QUOTA_EXCEEDED = "quota_exceeded", "quota exceeded"
+    QUOTA_CHANGED = "quota_changed", "quota changed"
     RETENTION = "retention", "audit rows deleted (retention)"
     HUNG = "hung", "hung child killed"
     CRASH_BACKOFF = "crash_backoff", "crash-loop back-off"

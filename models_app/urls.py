@@ -25,6 +25,7 @@ urlpatterns = [
     path("audit/", audit_log.audit_list, name="audit"),
     path("audit/<int:pk>/", audit_log.audit_detail, name="audit_detail"),
     path("usage/", usage.usage_page, name="usage"),
+    path("usage/quotas/", usage.quota_set, name="quota_set"),
     path("logs/<path:model>/", logs.model_logs, name="logs"),
     # No trailing slash: a model name may hold "/", and logs/x.log/ is the page of "x.log".
     path("logs/<path:model>.log", logs.model_logs_text, name="logs_text"),

@@ -309,6 +309,7 @@ def build_http_app(django_app: AsgiApp, **kwargs: Any) -> Api:
             kwargs.get("keys") or auth.DEFAULT,
             scope_refusals=scopes.audited(scopes.SCOPE),
             busy_refusals=scopes.audited(scopes.BUSY),
+            quota_refusals=scopes.audited(scopes.QUOTA),
         ),
     )
     kwargs.setdefault("config", ApiConfig(sse_keepalive=settings.ROUTERPANEL["SSE_KEEPALIVE"]))

@@ -43,6 +43,7 @@ from asgiref.sync import sync_to_async
 from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 
+from models_app.api.quotas import Limit
 from models_app.db import own_connection
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class Caller:
     models: tuple[str, ...] = ()  # fnmatch patterns; empty: every model
     max_concurrent: int | None = None  # requests in flight at once; None: no limit
     priority: str = "normal"
+    quotas: tuple[Limit, ...] = ()  # its key's quota and its owner's (issue 17.4)
 
     def may_use(self, names: Iterable[str]) -> bool:
         """Whether the key may use a model known by ``names`` (its name and its aliases)."""
@@ -101,19 +103,38 @@ def load_from_database() -> KeyTable:
             "model_patterns", "max_concurrent", "priority",
         )
     )  # fmt: skip
-    keys = {row[1]: _caller(row) for row in rows}
+    quotas = _quotas()
+    keys = {row[1]: _caller(row, quotas) for row in rows}
     operators = _operators({(row[3], row[4]) for row in rows})
     operator_actors = frozenset(f"key:{row[3]}/{row[2]}" for row in rows if row[3] in operators)
     return KeyTable(bool(required), keys, operator_actors, _preset_names())
 
 
-def _caller(row: tuple[Any, ...]) -> Caller:
+def _caller(row: tuple[Any, ...], quotas: Mapping[Any, Limit]) -> Caller:
     from models_app.models import parse_model_patterns
 
     pk, _, name, owner, _, patterns, max_concurrent, priority = row
+    limits = tuple(q for q in (quotas.get(pk), quotas.get(owner)) if q is not None)
     return Caller(
-        f"key:{owner}/{name}", pk, parse_model_patterns(patterns), max_concurrent, priority
+        f"key:{owner}/{name}", pk, parse_model_patterns(patterns), max_concurrent, priority,
+        limits,
+    )  # fmt: skip
+
+
+def _quotas() -> dict[Any, Limit]:
+    """Every quota: a key's by the key's id, a user's by the user name."""
+    from models_app.models import Quota
+
+    found: dict[Any, Limit] = {}
+    rows = Quota.objects.values_list(
+        "key_id", "key__name", "user__username", "tokens_per_day", "requests_per_minute"
     )
+    for key_id, key_name, owner, tokens, rate in rows:
+        if key_id is None:
+            found[owner] = Limit("user", owner, tokens, rate)
+        else:
+            found[key_id] = Limit("key", f"{owner}/{key_name}", tokens, rate)
+    return found
 
 
 def _preset_names() -> dict[str, tuple[str, ...]]:

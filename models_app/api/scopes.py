@@ -30,12 +30,14 @@ from typing import Any
 
 from models_app.api.auth import AuditWindow, Caller, KeyStore, client_of
 from models_app.api.errors import ApiError
+from models_app.api.quotas import QuotaBook
 from models_app.api.request import Request
 from models_app.db import own_connection
 
 RETRY_AFTER = 1  # seconds: a slot frees when one of the key's own requests ends
 SCOPE = "key_scope"  # AuditKind values (models_app.models imports Django models: not here)
 BUSY = "key_busy"
+QUOTA = "quota_exceeded"
 
 
 @own_connection
@@ -85,10 +87,16 @@ class Gate:
         *,
         scope_refusals: KeyRefusals | None = None,
         busy_refusals: KeyRefusals | None = None,
+        quota_refusals: KeyRefusals | None = None,
+        quotas: QuotaBook | None = None,
     ) -> None:
         self._keys = keys
         self._scope_refusals = scope_refusals
         self._busy_refusals = busy_refusals
+        self._quota_refusals = quota_refusals
+        self.quotas = quotas or QuotaBook(
+            on_refusal=quota_refusals.note if quota_refusals is not None else None
+        )
         self.in_flight: dict[int, int] = {}  # key id -> admitted and not yet released
 
     def allows(self, caller: Caller, model: str) -> bool:
@@ -107,9 +115,12 @@ class Gate:
             )
 
     def admit(self, request: Request, model: str) -> Ticket:
-        """Check the scope, then count the request against its key's limit (429 if full)."""
+        """Check the scope and the quotas, then count the request against its key's limit
+        (429 if full or a quota is used up)."""
         self.check(request, model)
         caller = request.caller
+        if caller.quotas:
+            self.quotas.check(caller, model, request)
         if caller.max_concurrent is None or caller.key_id is None:
             return UNCOUNTED
         busy = self.in_flight.get(caller.key_id, 0)
@@ -143,6 +154,6 @@ class Gate:
 
     async def drain(self) -> None:
         """Wait for the audit writes under way (tests)."""
-        for refusals in (self._scope_refusals, self._busy_refusals):
+        for refusals in (self._scope_refusals, self._busy_refusals, self._quota_refusals):
             if refusals is not None:
                 await refusals.drain()

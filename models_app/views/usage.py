@@ -8,13 +8,19 @@ from __future__ import annotations
 import csv
 import io
 from datetime import timedelta
+from typing import Any
 
+from django.contrib import messages
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
-from models_app import usage
+from models_app import audit, usage
+from models_app.api.quotas import Limit, tokens_today_in_database
+from models_app.forms import QuotaForm
+from models_app.models import AuditEvent, AuditKind, Quota
 from models_app.roles import Role, require, role_of
 from models_app.security import csv_cell
 
@@ -47,6 +53,8 @@ def usage_page(request: HttpRequest) -> HttpResponse:
         "columns": COLUMNS,
         "everyone": everyone,
         "hourly": usage.hourly(since, None, actor),
+        "quotas": quota_rows(request.user, everyone),
+        "quota_form": QuotaForm() if role_of(request.user) >= Role.ADMIN else None,
     }
     return render(request, "panel/usage.html", context)
 
@@ -62,3 +70,79 @@ def _csv(by: str, rows: list[dict[str, object]], days: str) -> HttpResponse:
     name = f"routerpanel-usage-by-{by}-{days}d-{stamp}.csv"
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
+
+
+# ---- quotas (issue 17.4) -----------------------------------------------------------------------
+
+
+def quota_rows(user: Any, everyone: bool) -> list[dict[str, Any]]:
+    """The quotas a page shows (everyone's, or those binding ``user``), with today's tokens."""
+    rows = Quota.objects.select_related("user", "key").order_by("user__username", "key__name")
+    if not everyone:
+        rows = rows.filter(user=user)
+    quotas = [q for q in rows if q.key is None or q.key.revoked_at is None]
+    limits = [_limit(q) for q in quotas]
+    today = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    used = tokens_today_in_database(limits, today) if limits else {}
+    return [
+        {"quota": q, "limit": limit, "tokens_today": used.get(limit.ident, 0)}
+        for q, limit in zip(quotas, limits, strict=True)
+    ]
+
+
+def _limit(quota: Quota) -> Limit:
+    owner = quota.user.get_username()
+    if quota.key is None:
+        return Limit("user", owner, quota.tokens_per_day, quota.requests_per_minute)
+    label = f"{owner}/{quota.key.name}"
+    return Limit("key", label, quota.tokens_per_day, quota.requests_per_minute)
+
+
+@require_POST
+@require(Role.ADMIN)
+def quota_set(request: HttpRequest) -> HttpResponse:
+    """Set a quota, or remove it when both limits are empty; audited either way."""
+    form = QuotaForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Quota not saved: " + _errors_text(form))
+        return redirect("panel:usage")
+    user, key = form.target()
+    tokens = form.cleaned_data["tokens_per_day"]
+    rate = form.cleaned_data["requests_per_minute"]
+    with transaction.atomic():
+        quota = Quota.objects.filter(user=user, key=key).first()
+        before = _state(quota)
+        if tokens is None and rate is None:
+            if quota is not None:
+                quota.delete()
+            quota = None
+        else:
+            quota = quota or Quota(user=user, key=key)
+            quota.tokens_per_day, quota.requests_per_minute = tokens, rate
+            quota.save()
+        subject = f"user {user.get_username()}" if key is None else f"key {key.actor[4:]}"
+        changes = audit.diff(before, _state(quota))
+        if changes:
+            AuditEvent.objects.record(
+                AuditKind.QUOTA_CHANGED,
+                actor=audit.actor_of(request.user),
+                reason=f"{subject}: " + ", ".join(changes),
+                details={"subject": subject, "changes": changes},
+            )
+    shown = quota.limits_text() if quota is not None else "no quota"
+    messages.success(request, f"Quota of {subject}: {shown}.")
+    return redirect("panel:usage")
+
+
+def _state(quota: Quota | None) -> dict[str, Any]:
+    if quota is None:
+        return {"tokens_per_day": None, "requests_per_minute": None}
+    return {
+        "tokens_per_day": quota.tokens_per_day,
+        "requests_per_minute": quota.requests_per_minute,
+    }
+
+
+def _errors_text(form: QuotaForm) -> str:
+    return "; ".join(f"{form.fields[name].label}: {' '.join(errs)}" if name in form.fields
+                     else " ".join(errs) for name, errs in form.errors.items())  # fmt: skip
