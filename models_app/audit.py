@@ -21,8 +21,8 @@ PRESET_FIELDS = (
 )  # fmt: skip
 SETTINGS_FIELDS = (
     "models_max", "memory_budget", "memory_headroom", "settle_timeout", "max_waiters", "max_wait",
-    "default_stop_timeout", "default_hang_timeout", "quarantine_after", "server_binary",
-    "require_api_key", "global_args", "audit_retention_days",
+    "queue_policy", "default_stop_timeout", "default_hang_timeout", "quarantine_after",
+    "server_binary", "require_api_key", "global_args", "audit_retention_days",
 )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ Two ways to the router, one API:
 Messages (web → router, channel ``router``); every one has ``sent`` and ``expires``, and every
 one that wants an answer ``request_id``, ``reply_channel`` and ``boot``::
 
-    router.acquire  {model, actor, autoload}
+    router.acquire  {model, actor, autoload, priority?}     (priority: the key's class)
     router.waiting  {model}         (still queued? answered queued/granted/rejected)
     router.renew    {lease_id, idle}            (idle: seconds since the last byte went out)
     router.release  {lease_id}
@@ -221,17 +221,32 @@ class RouterClient:
     # ---- requests -----------------------------------------------------------------------
 
     async def acquire(
-        self, model: str, *, actor: str = "", autoload: bool = True, request_id: str | None = None
+        self,
+        model: str,
+        *,
+        actor: str = "",
+        autoload: bool = True,
+        request_id: str | None = None,
+        priority: str = "normal",
     ) -> Grant:
-        """Wait for a lease on ``model``; raise ``RouterRejected``. Cancelling leaves the queue."""
+        """Wait for a lease on ``model``; raise ``RouterRejected``. Cancelling leaves the queue.
+
+        ``priority``: the key's class (low, normal, high), for the ``fair`` queue policy.
+        """
         request_id = request_id or uuid.uuid4().hex
         host = self._in_process()
         if host is not None:
-            return await self._acquire_local(host, model, actor, autoload, request_id)
-        return await self._acquire_remote(model, actor, autoload, request_id)
+            return await self._acquire_local(host, model, actor, autoload, request_id, priority)
+        return await self._acquire_remote(model, actor, autoload, request_id, priority)
 
     async def _acquire_local(
-        self, host: LocalRouter, model: str, actor: str, autoload: bool, request_id: str
+        self,
+        host: LocalRouter,
+        model: str,
+        actor: str,
+        autoload: bool,
+        request_id: str,
+        priority: str = "normal",
     ) -> Grant:
         from routerpanel.router.errors import RouterError
 
@@ -242,7 +257,12 @@ class RouterClient:
             lease = await _on_loop(
                 host,
                 engine.acquire(
-                    model, request_id=request_id, actor=actor, autoload=autoload, renewable=False
+                    model,
+                    request_id=request_id,
+                    actor=actor,
+                    autoload=autoload,
+                    renewable=False,
+                    priority=priority,
                 ),
             )
         except RouterError as exc:
@@ -252,7 +272,7 @@ class RouterClient:
         )
 
     async def _acquire_remote(
-        self, model: str, actor: str, autoload: bool, request_id: str
+        self, model: str, actor: str, autoload: bool, request_id: str, priority: str = "normal"
     ) -> Grant:
         watch = _watch()
         if watch is not None and (why := watch.lost(None)) is not None:
@@ -265,6 +285,7 @@ class RouterClient:
             "model": model,
             "actor": actor,
             "autoload": autoload,
+            "priority": priority,
             **envelope,
         }
         await self._send(message)

@@ -224,8 +224,8 @@ class SettingsForm(forms.ModelForm):
         model = RouterSettings
         fields = (
             "models_max", "memory_budget", "memory_headroom", "settle_timeout", "max_waiters",
-            "max_wait", "default_stop_timeout", "default_hang_timeout", "quarantine_after",
-            "server_binary",
+            "max_wait", "queue_policy", "default_stop_timeout", "default_hang_timeout",
+            "quarantine_after", "server_binary",
             "require_api_key", "audit_retention_days",
         )  # fmt: skip
         labels = {"require_api_key": "Require an API key for the router API"}

@@ -63,6 +63,7 @@ class AcquireMessage(Addressed):
     model: str
     actor: str
     autoload: bool
+    priority: NotRequired[str]  # the key's class (fair queue policy); absent: normal
 
 
 class WaitingMessage(Addressed):

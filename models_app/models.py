@@ -317,6 +317,15 @@ class RouterSettings(models.Model):
     max_wait = models.PositiveIntegerField(
         null=True, blank=True, help_text="Seconds a request may wait in the queue; empty: no limit."
     )
+    queue_policy = models.CharField(
+        "queue policy",
+        max_length=8,
+        choices=[("fifo", "fifo: arrival order"), ("fair", "fair: fair share")],
+        default="fifo",
+        help_text="fifo serves models in the order they were asked for (llama.cpp's order). "
+        "fair serves higher priority keys first, then whoever used the machine least in the "
+        "last 15 minutes; an entry waiting half of max wait (at most 2 minutes) goes first.",
+    )
     default_stop_timeout = models.PositiveIntegerField(
         default=10, validators=[MinValueValidator(0)], help_text="Seconds, when a preset sets none."
     )

@@ -62,6 +62,7 @@ class RouterProcess:
             models_max=options["models_max"],
             server_bin=options["server_bin"],
             lease_ttl=options["lease_ttl"],
+            queue_policy=options.get("queue_policy"),
         )
         self.host = RouterHost(
             get_channel_layer(),

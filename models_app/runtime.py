@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from routerpanel.env import envfloat, envint, envstr
+from routerpanel.env import EnvError, envfloat, envint, envstr
 
 
 @dataclass
@@ -60,7 +60,22 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         help="a lease the web side stops renewing expires after this long (30)",
     )
     parser.add_argument(
+        "--queue-policy",
+        choices=("fifo", "fair"),
+        default=envchoice("ROUTERPANEL_QUEUE_POLICY", ("fifo", "fair")),
+        help="order of the queue, overriding the stored setting: fifo (arrival, llama.cpp's) "
+        "or fair (priority class, then least recent use; see README, Fair share)",
+    )
+    parser.add_argument(
         "--demo",
         action="store_true",
         help="add three simulated models of different sizes (no GPU or model file needed)",
     )
+
+
+def envchoice(name: str, choices: tuple[str, ...]) -> str | None:
+    """Return the variable's value if it is one of ``choices``, None when unset; else fail."""
+    value = envstr(name) or None
+    if value is not None and value not in choices:
+        raise EnvError(f"{name}={value!r} must be one of {', '.join(choices)}")
+    return value

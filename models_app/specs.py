@@ -28,6 +28,7 @@ class Overrides:
     models_max: int | None = None
     server_bin: str | None = None
     lease_ttl: float = 30.0
+    queue_policy: str | None = None
     extra_env: tuple[tuple[str, str], ...] = field(default=())
 
 
@@ -43,6 +44,7 @@ def router_config(row: RouterSettings, overrides: Overrides = Overrides()) -> Ro
         quarantine_after=row.quarantine_after,
         default_stop_timeout=float(row.default_stop_timeout),
         lease_ttl=overrides.lease_ttl,
+        queue_policy=overrides.queue_policy or row.queue_policy,  # type: ignore[arg-type]
     )
 
 

@@ -317,6 +317,7 @@ class RouterHost:
                 request_id=request_id,
                 actor=message["actor"],
                 autoload=message["autoload"],
+                priority=message.get("priority", "normal"),
             )
         )
         answer: AcquireAnswer

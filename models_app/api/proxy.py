@@ -140,7 +140,11 @@ async def forward(api: Api, request: Request, model: str, body: bytes) -> None:
     arrived = time.time()
     try:
         grant = await api.router.acquire(
-            model, actor=request.actor, autoload=autoload, request_id=router_id
+            model,
+            actor=request.actor,
+            autoload=autoload,
+            request_id=router_id,
+            priority=request.caller.priority,  # issue 17.5: the fair queue policy reads it
         )
         lease = LeaseKeeper(api.router, grant)
         meter = Meter(grant.receipt)

@@ -76,6 +76,7 @@ def _readable(row: RouterSettings) -> list[tuple[str, str]]:
         ("Settle timeout", f"{row.settle_timeout} s"),
         ("Max waiters per model", "no limit" if not row.max_waiters else str(row.max_waiters)),
         ("Max wait in the queue", seconds(row.max_wait)),
+        ("Queue policy", row.queue_policy),
         ("Default stop-timeout", f"{row.default_stop_timeout} s"),
         ("Quarantine after", f"{row.quarantine_after} failed loads"),
         ("Server binary", row.server_binary),

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from routerpanel.router.backoff import CrashLoop
-from routerpanel.router.config import PresetSpec, RouterConfig, preset_map
+from routerpanel.router.config import PresetSpec, QueuePolicy, RouterConfig, preset_map
 from routerpanel.router.decisions import (
     SCHEDULER_ACTOR,
     Decision,
@@ -35,6 +35,7 @@ from routerpanel.router.decisions import (
     Trigger,
     WaiterView,
 )
+from routerpanel.router.fairshare import RecentUse, fair_keys, owner_of
 from routerpanel.router.states import (
     DOWN,
     EVICTABLE,
@@ -87,8 +88,13 @@ class Admission:
     def __init__(self, presets: Iterable[PresetSpec], config: RouterConfig) -> None:
         self._config = config
         self._models = {name: ModelRecord(spec) for name, spec in preset_map(presets).items()}
-        self._queue = WaitQueue()  # FIFO (A4)
+        self._queue = WaitQueue()  # FIFO (A4), or fair order (queue_policy, fairshare.py)
         self._granted: dict[str, str] = {}  # proxy request id -> model
+        self._use = RecentUse()  # per-owner recent use, kept under either policy
+        self._holders: dict[str, str] = {}  # proxy request id -> its owner, while granted
+        self._loading_for: dict[str, tuple[str, float]] = {}  # model -> (owner, spawned at)
+        self._ordered = False  # the fair order was computed during this input
+        self._placed = 0  # the queue's entries made when it was last computed
         self._settle_since: float | None = None  # the settle gate is closed while set
         self._available: int | None = None  # latest sample taken since it closed
         self._closing = False
@@ -113,6 +119,10 @@ class Admission:
         """May a request for ``name`` be granted now, without a load (A1)? False if unknown."""
         m = self._models.get(name)
         return m is not None and self._servable(m)
+
+    def recent_use(self, now: float) -> dict[str, float]:
+        """Return each owner's model-seconds in the fair-share window, most first."""
+        return self._use.snapshot(now)
 
     def models(self) -> tuple[ModelView, ...]:
         """Return every model, by name (removed ones still running included)."""
@@ -149,10 +159,41 @@ class Admission:
             return
         self._settle_timeout(now)
         self._reject_oversized()
+        self._ordered = False
+        if self._queue.made != self._placed:  # a new entry: give it its place at once
+            self._order(now)
         for entry in list(self._queue):
             self._serve_entry(entry, now)
         self._claim(now)
         self._evict(now)
+
+    def _order(self, now: float) -> None:
+        """Under ``fair``, put the entries in fair-share order (fairshare.fair_keys); under
+        ``fifo`` they stay in arrival order (A4).
+
+        Computed at most once per input, and only when the order can matter: before a slot is
+        claimed (a slot is free) or a model is evicted for the queue (an idle victim exists),
+        and when a new entry joins (so positions shown place it). Between those, the order
+        shown is the one last computed: use that drifts with time decides nothing until then.
+        """
+        if self._ordered or self._config.queue_policy is not QueuePolicy.FAIR:
+            return
+        self._ordered, self._placed = True, self._queue.made
+        if len(self._queue) < 2:
+            return
+        entries = (
+            (e.model, e.ticket, e.waiters[0].since if e.waiters else e.since,
+             e.restart_by is not None)
+            for e in self._queue
+        )  # fmt: skip
+        waiting = self._queue.waiting()
+        self._queue.reorder(fair_keys(entries, waiting, self._use, now, self._config.max_wait))
+
+    def _charge_load(self, name: str, now: float) -> None:
+        """A load ended (ready, or its child gone): its seconds count for who caused it."""
+        caused = self._loading_for.pop(name, None)
+        if caused is not None:
+            self._use.charge(caused[0], caused[1], now)
 
     def _reject_oversized(self) -> None:
         budget = self._config.memory_budget
@@ -178,6 +219,12 @@ class Admission:
 
     def _claim(self, now: float) -> None:
         """Let successive heads spawn while capacity is real (A4, A6)."""
+        config = self._config
+        if not config.unlimited:
+            running = sum(1 for m in self._models.values() if m.state in RUNNING)
+            if running >= config.models_max:
+                return  # no slot: no entry can claim one, whatever the order
+        self._order(now)
         for entry in list(self._queue):
             m = self._models[entry.model]
             if m.state in RUNNING:  # starting, or waiting for its own child's exit: no new slot
@@ -191,6 +238,7 @@ class Admission:
             request = first.request_id if first else None
             trigger = Trigger(actor, m.spec.name, request, self._depth())
             m.last_used = now
+            self._loading_for[m.spec.name] = (owner_of(actor), now)
             self._set_state(m, LOADING, f"spawn for entry #{entry.ticket}")  # unloaded -> loading
             self._emit(Spawn(m.spec.name, m.spec, entry.ticket, trigger))
             self._serve_entry(entry, now)
@@ -230,6 +278,9 @@ class Admission:
     def _evict(self, now: float) -> None:
         """A5: while demand exceeds what is free or being freed, stop the LRU idle model."""
         config, queued = self._config, self._queue.models()
+        if self._pick_victim(queued) is None:
+            return  # nothing could be stopped for any need: wait (the loop below would too)
+        self._order(now)
         running = [m for m in self._models.values() if m.state in RUNNING]
         # A stopping child frees a slot, unless stuck or its own entry waits to reuse it.
         freeing = [m for m in running if m.stopping and m.state is not STUCK]
@@ -303,6 +354,8 @@ class Admission:
         if w.kind is RequestKind.PROXY:
             m.in_flight += 1
             self._granted[w.request_id] = m.spec.name
+            owner = self._holders[w.request_id] = owner_of(w.actor)
+            self._use.hold(owner, now)
         self._emit(Grant(w.request_id, m.spec.name, w.kind))
 
     def _reject(

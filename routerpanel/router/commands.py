@@ -33,6 +33,7 @@ class Acquire:
     autoload: bool
     future: asyncio.Future[Lease | None]
     renewable: bool = True  # False: a caller in this process, whose lease never expires
+    priority: str = "normal"  # the key's priority class (queue_policy fair, issue 17.5)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 
 # The supervisor appends these (S2); a preset that carries them would fight it.
 _RESERVED_FLAGS = ("--host", "--port")
@@ -111,6 +112,13 @@ class PresetSpec:
         return (self.argv, self.env, self.speaks_child_protocol)
 
 
+class QueuePolicy(StrEnum):
+    """The order queue entries are served in: arrival (llama.cpp's) or fair share (issue 17.5)."""
+
+    FIFO = "fifo"
+    FAIR = "fair"
+
+
 @dataclass(frozen=True, kw_only=True)
 class RouterConfig:
     """Define the router-wide limits (RouterSettings, DESIGN §6).
@@ -135,9 +143,16 @@ class RouterConfig:
     quarantine_after: int = 3
     default_stop_timeout: float = 10.0
     lease_ttl: float = 30.0
+    queue_policy: QueuePolicy = QueuePolicy.FIFO
 
     def __post_init__(self) -> None:
         owner = "router settings"
+        try:
+            object.__setattr__(self, "queue_policy", QueuePolicy(self.queue_policy))
+        except ValueError:
+            raise ValueError(
+                f"{owner}: queue_policy must be fifo or fair, got {self.queue_policy!r}"
+            ) from None
         _check_int(owner, "models_max", self.models_max, minimum=None)
         if self.memory_budget is not None:
             _check_int(owner, "memory_budget", self.memory_budget, minimum=1)

@@ -27,6 +27,14 @@ class RequestKind(StrEnum):
     LOAD = "load"
 
 
+class Priority(StrEnum):
+    """An API key's priority class (issue 17.1), read by the ``fair`` queue policy (17.5)."""
+
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+
+
 class StopReason(StrEnum):
     """Why a child is told to stop; the audit log's ``kind``."""
 
@@ -133,6 +141,7 @@ class WaiterView:
     kind: RequestKind
     actor: str
     since: float
+    priority: Priority = Priority.NORMAL
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,8 +86,12 @@ class Engine(Inbox):
         actor: str = "",
         autoload: bool = True,
         renewable: bool = True,
+        priority: str = "normal",
     ) -> Lease:
         """Wait in the model's queue entry (A2) until granted; raise RouterError if rejected.
+
+        ``priority`` (low, normal, high: the API key's class) orders entries under the ``fair``
+        queue policy; an unknown class raises ValueError.
 
         Cancelling the awaiting task makes the waiter leave (A7) or releases a fresh grant;
         ``cancel(request_id)`` from elsewhere makes it raise RouterError 499. A caller in this
@@ -95,7 +99,8 @@ class Engine(Inbox):
         """
         name = self._require(model, 400, "invalid_request_error")
         kind = decisions.RequestKind.PROXY
-        lease = await self._request(name, request_id, actor, kind, autoload, renewable)
+        klass = decisions.Priority(priority)
+        lease = await self._request(name, request_id, actor, kind, autoload, renewable, klass)
         assert lease is not None
         return lease
 
@@ -186,9 +191,12 @@ class Engine(Inbox):
         """Return the whole state, JSON-able; events after its ``seq`` update it."""
         views, queue = self._scheduler.models(), self._scheduler.queue()
         facts, holders = self._facts, self._callers.holders()
-        return facts.snapshot(
+        snap = facts.snapshot(
             self._feed.seq, views, queue, self._spec, holders, self._config, self._wall
         )
+        use = self._scheduler.recent_use(self._clock())  # issue 17.5: who used it lately
+        policy = {"policy": self._config.queue_policy.value, "recent_use": use}
+        return snap | {"queue_policy": policy}
 
     def status(self) -> dict[str, Any]:
         """A cheap summary: how many models, how many run, how many requests wait."""
@@ -272,9 +280,12 @@ class Engine(Inbox):
         kind: decisions.RequestKind,
         autoload: bool,
         renewable: bool = True,
+        priority: str = "normal",
     ) -> Lease | None:
         future: asyncio.Future[Lease | None] = self._future()
-        acquire = commands.Acquire(request_id, name, actor, kind, autoload, future, renewable)
+        acquire = commands.Acquire(
+            request_id, name, actor, kind, autoload, future, renewable, priority
+        )
         try:
             return await self._call(acquire, future)
         except asyncio.CancelledError:

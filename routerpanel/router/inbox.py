@@ -86,9 +86,10 @@ class Inbox(HangWatch):
         now = self._clock()
         self._callers.wait(cmd, now)
         request, actor = cmd.request_id, cmd.actor or "anonymous"
-        self._apply(
-            self._scheduler.request_arrived(request, cmd.model, now=now, actor=actor, kind=cmd.kind)
+        out = self._scheduler.request_arrived(
+            request, cmd.model, now=now, actor=actor, kind=cmd.kind, priority=cmd.priority
         )
+        self._apply(out)
 
     def _on_leave(self, cmd: commands.Leave) -> None:
         self._callers.leave(cmd.request_id)

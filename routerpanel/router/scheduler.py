@@ -17,11 +17,19 @@ Inputs (all keyword ``now``):
   unload(model, actor=)           an explicit unload; raises NotRunningError if nothing runs
   cancel_waiting(actor=, model=, request_id=)   an operator rejects queued requests (499)
   reload(presets, actor=)         new presets (A14)
-  settings_changed(config)        new RouterConfig
+  settings_changed(config)        new RouterConfig (its queue_policy: fifo or fair, fairshare.py)
   memory_sample(available)        available bytes, for the settle gate (memory mode)
   tick()                          max wait (A8), TTL (A11), settle timeout; call at next_deadline()
   shutdown(actor=)                reject all waiters, stop every child, admit nothing more
-Read-only: model(name), models(), queue(), next_deadline(), config.
+Read-only: model(name), models(), queue(), next_deadline(), recent_use(now), config.
+
+Fair share (issue 17.5): the scheduler keeps each owner's recent use itself (fairshare.py:
+model-seconds held from grant to finish, plus seconds of the loads their requests caused, from
+spawn to ready or exit, over a 15-minute sliding window) under either policy. Under
+``queue_policy = fair`` every input first puts the entries in fair order (urgent entries oldest
+first, then priority class, then the owners' recent use, then arrival); claiming (A4) and
+eviction (A5) then follow that order exactly as they follow arrival order under ``fifo``.
+Waiters inside one entry are always served in arrival order.
 
 Decisions: Grant(request_id, model, kind); Reject(request_id, model, status, error_type, message,
 retry_after, details); Spawn(model, spec, ticket, trigger); Stop(model, reason, trigger,
@@ -71,12 +79,13 @@ from routerpanel.router.admission import (
     NotRunningError,
     UnknownModelError,
 )
-from routerpanel.router.config import PresetSpec, RouterConfig, preset_map
+from routerpanel.router.config import PresetSpec, QueuePolicy, RouterConfig, preset_map
 from routerpanel.router.decisions import (
     SCHEDULER_ACTOR,
     BackedOff,
     Decision,
     PresetsReloaded,
+    Priority,
     RequestKind,
     StopReason,
     Trigger,
@@ -115,8 +124,9 @@ class Scheduler(Admission):
         now: float,
         actor: str = "anonymous",
         kind: RequestKind = RequestKind.PROXY,
+        priority: Priority | str = Priority.NORMAL,
     ) -> list[Decision]:
-        """Admit, queue or reject one request.
+        """Admit, queue or reject one request; ``priority`` is its key's class (fair policy).
 
         (1) Unknown (or removed) model: 400 ``model '<x>' not found``; a load gets 404.
         (2) Shutting down: 503.
@@ -132,7 +142,7 @@ class Scheduler(Admission):
         """
         if self._queue.holds(request_id) or request_id in self._granted:
             raise ValueError(f"request id {request_id!r} is already in use")
-        waiter = WaiterView(request_id, kind, actor, now)
+        waiter = WaiterView(request_id, kind, actor, now, Priority(priority))
         m = self._models.get(model)
         if m is not None and self._grants_at_once(m, kind):  # (7) on an empty queue
             self._out = []
@@ -200,6 +210,8 @@ class Scheduler(Admission):
         if self._queue.holds(request_id):
             self._queue.leave(request_id)
         name = self._granted.pop(request_id, None)
+        if (owner := self._holders.pop(request_id, None)) is not None:
+            self._use.release(owner, now)
         m = self._models.get(name) if name is not None else None
         if m is not None:
             m.in_flight -= 1
@@ -222,6 +234,7 @@ class Scheduler(Admission):
         m = self._known(model)
         self._begin()
         if state == "ready" and m.state in (LOADING, SLEEPING):
+            self._charge_load(model, now)
             m.failures, m.last_used = 0, now
             if m.ready_at is None:
                 m.ready_at = now
@@ -244,6 +257,7 @@ class Scheduler(Admission):
         if m.state not in RUNNING:
             raise ValueError(f"model {model!r} has no child to exit (state {m.state})")
         self._begin()
+        self._charge_load(model, now)
         tail = tuple(log_tail)
         if m.stop_reason is StopReason.HUNG:
             m.log_tail = tail
@@ -424,6 +438,8 @@ class Scheduler(Admission):
     def settings_changed(self, config: RouterConfig, *, now: float) -> list[Decision]:
         """Apply new limits: more slots are claimed at once, fewer shrink to the cap (A5)."""
         self._begin()
+        if config.queue_policy is QueuePolicy.FIFO:
+            self._queue.fifo()  # back to arrival order after fair
         self._config = config
         if config.memory_budget is None:
             self._settle_since = self._available = None

@@ -1,9 +1,11 @@
-"""The scheduler's FIFO queue: one entry per model, its waiters in arrival order (A2, A4, A7).
+"""The scheduler's queue: one entry per model, its waiters in arrival order (A2, A4, A7).
 
-``WaitQueue`` keeps the entries in FIFO order and indexes them by model and by request id, so a
-join, a leave or a cancel costs O(1) lookups at 10,000 waiters. It decides nothing: the
-scheduler (scheduler.py) says who joins, who is served and which entries go; this only keeps the
-book straight. Pure and owned by the scheduler.
+``WaitQueue`` keeps the entries in service order — FIFO, unless the scheduler ``reorder``s them
+(the ``fair`` policy) — and indexes them by model, by request id and by (owner, priority): which
+entries each owner waits in at each priority, with how many waiters, so that the fair order is
+computed per owner, never per waiter. A join, a leave or a cancel costs O(1) at 10,000 waiters.
+It decides nothing: the scheduler (scheduler.py) says who joins, who is served, which entries go
+and in what order; this only keeps the book straight. Pure and owned by the scheduler.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from routerpanel.router.decisions import WaiterView
+from routerpanel.router.decisions import Priority, WaiterView
+from routerpanel.router.fairshare import owner_of
+
+Waiting = dict[tuple[str, Priority], dict[str, int]]  # (owner, priority) -> model -> waiters
 
 
 @dataclass(slots=True)
@@ -33,7 +38,9 @@ class WaitQueue:
         self._entries: list[Entry] = []
         self._by_model: dict[str, Entry] = {}
         self._by_request: dict[str, Entry] = {}
+        self._waiting: Waiting = {}
         self._tickets = itertools.count(1)
+        self.made = 0  # entries made so far: a new one has no place in a fair order yet
 
     def __iter__(self) -> Iterator[Entry]:
         """The entries head first; a copy, so a caller may remove entries as it goes."""
@@ -54,6 +61,18 @@ class WaitQueue:
     def models(self) -> set[str]:
         return set(self._by_model)
 
+    def waiting(self) -> Waiting:
+        """(owner, priority) -> the models they wait for -> their waiters there (read only)."""
+        return self._waiting
+
+    def reorder(self, key: dict[str, tuple[int, float, float, int]]) -> None:
+        """Put the entries in the order of ``key`` (by model), smallest first."""
+        self._entries.sort(key=lambda e: key[e.model])
+
+    def fifo(self) -> None:
+        """Put the entries back in arrival order (tickets)."""
+        self._entries.sort(key=lambda e: e.ticket)
+
     def depth(self) -> int:
         """Waiters in the whole queue."""
         return len(self._by_request)
@@ -63,6 +82,7 @@ class WaitQueue:
         entry = self._entry_at_tail(model, now)
         entry.waiters.append(w)
         self._by_request[w.request_id] = entry
+        self._count(w, model, 1)
         return entry
 
     def hold(self, model: str, now: float, by: str) -> Entry:
@@ -75,6 +95,7 @@ class WaitQueue:
         """The scheduler served ``served``; ``left`` keep waiting. An empty entry goes."""
         for w in served:
             del self._by_request[w.request_id]
+            self._count(w, entry.model, -1)
         entry.waiters = left
         entry.restart_by = None
         if not left:
@@ -86,6 +107,7 @@ class WaitQueue:
         if entry is None:
             return None
         gone = next(w for w in entry.waiters if w.request_id == request_id)
+        self._count(gone, entry.model, -1)
         entry.waiters = [w for w in entry.waiters if w.request_id != request_id]
         if not entry.waiters and entry.restart_by is None:
             self._drop(entry)
@@ -98,6 +120,7 @@ class WaitQueue:
             return []
         for w in entry.waiters:
             del self._by_request[w.request_id]
+            self._count(w, model, -1)
         self._drop(entry)
         return entry.waiters
 
@@ -105,9 +128,23 @@ class WaitQueue:
         entry = self._by_model.get(model)
         if entry is None:
             entry = Entry(next(self._tickets), model, now)
+            self.made += 1
             self._entries.append(entry)
             self._by_model[model] = entry
         return entry
+
+    def _count(self, w: WaiterView, model: str, change: int) -> None:
+        pair = (owner_of(w.actor), w.priority)
+        models = self._waiting.get(pair)
+        if models is None:
+            models = self._waiting[pair] = {}
+        n = models.get(model, 0) + change
+        if n > 0:
+            models[model] = n
+        else:
+            del models[model]
+            if not models:
+                del self._waiting[pair]
 
     def _drop(self, entry: Entry) -> None:
         self._entries.remove(entry)

@@ -292,3 +292,14 @@ class TestRefusalsAreAudited:
         assert (busy_row.actor, busy_row.model) == ("key:bob/batch", "cold")
         assert busy_row.details["clients"] == {"127.0.0.1": 1}
         await app.aclose()
+
+
+class TestPriority:
+    async def test_the_acquire_carries_the_keys_priority_class_to_the_router(
+        self, client: AsgiClient, router: FakeRouter, scoped: dict, models: None
+    ) -> None:
+        """Issue 17.5: the fair queue policy orders by it (unscoped keys are normal)."""
+        assert await tokenize(client, "qwen-7b", SCOPED) == 200
+        assert await tokenize(client, "mistral", OPEN) == 200
+        sent = {m["actor"]: m["priority"] for m in router.of_type("router.acquire")}
+        assert sent == {"key:alice/ci": "low", "key:carol/laptop": "normal"}

@@ -20,6 +20,7 @@ def body(**fields: Any) -> dict[str, Any]:
     values = {
         "models_max": row.models_max, "memory_budget": "", "memory_headroom": "",
         "settle_timeout": row.settle_timeout, "max_waiters": "", "max_wait": "",
+        "queue_policy": row.queue_policy,
         "default_stop_timeout": row.default_stop_timeout,
         "default_hang_timeout": row.default_hang_timeout,
         "quarantine_after": row.quarantine_after, "server_binary": row.server_binary,
@@ -102,3 +103,47 @@ def test_a_command_line_override_is_pointed_out(
 ) -> None:
     text = admin_client.get("/settings/").content.decode()  # the stub runs with models_max 2
     assert "The router runs with max 2 models" in text
+
+
+def test_the_queue_policy_is_a_setting_that_reaches_the_router_config(
+    admin_client: Client, panel_router: RouterStub
+) -> None:
+    """Issue 17.5: fifo by default; the form takes fair (and nothing else), the change is
+    audited and sent to the router, and the config the router is built with carries it unless
+    ``--queue-policy`` overrides it."""
+    from models_app.specs import Overrides, router_config
+
+    assert RouterSettings.load().queue_policy == "fifo"
+    page = admin_client.get("/settings/").content.decode()
+    assert 'name="queue_policy"' in page and 'value="fair"' in page
+    refused = admin_client.post("/settings/", body(queue_policy="lottery"))
+    assert "Select a valid choice." in refused.content.decode()
+    response = admin_client.post("/settings/", body(queue_policy="fair"), follow=True)
+    assert "Saved: queue_policy." in response.content.decode()
+    event = AuditEvent.objects.get(kind=AuditKind.SETTINGS_CHANGED)
+    assert event.details["changes"]["queue_policy"] == ["fifo", "fair"]
+    assert panel_router.of_kind("settings") == [{"actor": "user:ada"}]
+    row = RouterSettings.load()
+    assert router_config(row).queue_policy == "fair"
+    assert router_config(row, Overrides(queue_policy="fifo")).queue_policy == "fifo"
+
+
+def test_queue_policy_flag_and_variable_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from models_app import runtime
+    from routerpanel.env import EnvError
+
+    def parse(*argv: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        runtime.add_router_arguments(parser)
+        return parser.parse_args(list(argv))
+
+    monkeypatch.delenv("ROUTERPANEL_QUEUE_POLICY", raising=False)
+    assert parse().queue_policy is None  # the stored setting applies
+    assert parse("--queue-policy", "fair").queue_policy == "fair"
+    monkeypatch.setenv("ROUTERPANEL_QUEUE_POLICY", "fair")
+    assert parse().queue_policy == "fair"
+    monkeypatch.setenv("ROUTERPANEL_QUEUE_POLICY", "lottery")
+    with pytest.raises(EnvError, match="ROUTERPANEL_QUEUE_POLICY"):
+        parse()

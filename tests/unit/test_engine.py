@@ -461,7 +461,7 @@ class TestEvents:
         await h.idle()
         snap = h.engine.snapshot()
         json.dumps(snap)
-        assert set(snap) == {"seq", "models", "queue", "memory", "config"}
+        assert set(snap) == {"seq", "models", "queue", "memory", "config", "queue_policy"}
         a = h.model("a")
         assert set(a) == {
             "name", "aliases", "state", "state_since", "status", "failed", "stopping", "pid",

@@ -87,6 +87,8 @@ def presets(
 
 
 class SchedulerMachine(RuleBasedStateMachine):
+    POLICY = "fifo"  # test_scheduler_fair_properties.py runs this machine under "fair"
+
     @initialize(
         models_max=st.integers(0, 3),
         memory=st.booleans(),
@@ -109,6 +111,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             settle_timeout=2.0,
             max_wait=max_wait,
             max_waiters=max_waiters,
+            queue_policy=self.POLICY,  # type: ignore[arg-type]
         )
         self.flavour = dict.fromkeys(MODELS, 0)
         self.pinned = {"m4"}
