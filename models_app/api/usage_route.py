@@ -9,13 +9,17 @@ they may load and unload. Bad parameters: 400 in llama.cpp's error shape.
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from asgiref.sync import sync_to_async
+from django.db import DatabaseError
 
 from models_app import usage
 from models_app.api.errors import ApiError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from models_app.api.app import Api
@@ -60,7 +64,15 @@ async def usage_summary(api: Api, request: Request) -> None:
         since = (until or datetime.now(UTC)) - DEFAULT_SPAN
     if until is not None and until <= since:
         raise ApiError(400, "'until' must be after 'since'")
-    data = await sync_to_async(_summary, thread_sensitive=False)(request.actor, by, since, until)
+    try:
+        data = await sync_to_async(_summary, thread_sensitive=False)(
+            request.actor, by, since, until
+        )
+    except DatabaseError as exc:
+        log.warning("GET /usage: the database cannot be read: %s", exc)
+        raise ApiError(
+            503, "usage is not available: the database cannot be read", "unavailable_error"
+        ) from None
     await request.respond_json(
         {"by": by, "since": since.isoformat(), "until": until and until.isoformat(), "data": data}
     )

@@ -192,6 +192,7 @@ async def served(router: FakeRouter, upstream: ScriptedUpstream) -> FakeRouter:
     return router
 
 
+@pytest.mark.django_db(transaction=True)  # GET /usage reads the database, in a thread
 @settings(
     max_examples=500,
     deadline=None,

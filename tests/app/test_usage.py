@@ -260,6 +260,23 @@ class TestStored:
         assert list(error) == ["code", "message", "type"]
         assert (error["code"], error["type"]) == (400, "invalid_request_error")
 
+    async def test_a_database_that_cannot_be_read_is_503_not_500(
+        self, client: AsgiClient, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from django.db import OperationalError
+
+        def away(*args: object) -> None:
+            raise OperationalError("connection refused")
+
+        monkeypatch.setattr(usage, "summary", away)
+        response = await client.get("/usage?by=model")
+        assert response.status == 503
+        assert response.json()["error"] == {
+            "code": 503,
+            "message": "usage is not available: the database cannot be read",
+            "type": "unavailable_error",
+        }
+
     async def test_keys_are_required_for_usage_when_they_are_required(
         self, client: AsgiClient, keyed: None
     ) -> None:
