@@ -72,8 +72,7 @@
     setText(el, "state-text", state);
     show(el, "stopping", !!m.stopping);
     show(el, "pinned", !!m.pinned);
-    show(el, "queued", !!m.queue_position);
-    setText(el, "queue-pos", m.queue_position ? String(m.queue_position) : "");
+    cardReason(el, m.name);
     renderProgress(el, m);
     const estimate = (presets[m.name] || {}).estimate;
     const mem = field(el, "memory");
@@ -110,6 +109,17 @@
       );
     }
     tickCard(el, m);
+    scheduleReasons();
+  }
+
+  let reasonsPending = false;
+  function scheduleReasons() {
+    if (reasonsPending) return;
+    reasonsPending = true;
+    queueMicrotask(() => {
+      reasonsPending = false;
+      refreshReasons();
+    });
   }
 
   // Who has requests in flight: "user:alice ×2, key:bob/ci".
@@ -359,14 +369,31 @@
       const tr = body.insertRow();
       tr.className = "queue-entry";
       tr.dataset.model = entry.model;
-      const status = entry.starting ? "starting" : entry.restart ? "restart" : "waiting";
-      const cells = [[entry.position, "#"], [entry.model, "Model"], [entry.waiters, "Requests"], ["", "Waiting for"], [status, "Status"]];
+      const cells = [[entry.position, "#"], [entry.model, "Model"], [entry.waiters, "Requests"], ["", "Waiting for"], ["", "Status"]];
       for (const [text, label] of cells) {
         const td = tr.insertCell();
         td.textContent = String(text);
         td.dataset.label = label; // the phone layout stacks the cells under these labels
       }
       renderWaiters(tr.cells[2], entry);
+      const status = document.createElement("span");
+      status.className = "queue-status";
+      status.dataset.field = "queue-status";
+      tr.cells[4].append(status);
+      // What it waits on and what would help, under the entry across the table.
+      const why = body.insertRow();
+      why.className = "queue-why";
+      why.dataset.model = entry.model;
+      const whyCell = why.insertCell();
+      whyCell.colSpan = 5;
+      whyCell.dataset.label = "Why";
+      const reason = document.createElement("span");
+      reason.className = "queue-reason";
+      reason.dataset.field = "queue-reason";
+      const limit = document.createElement("small");
+      limit.className = "muted queue-limit";
+      limit.dataset.field = "queue-limit";
+      whyCell.append(reason, " ", limit);
       const eta = (models.get(entry.model) || {}).load_seconds;
       if (eta) {
         const small = document.createElement("small");
@@ -381,6 +408,92 @@
       }
     }
     tickQueue();
+    refreshReasons();
+  }
+
+  // ---- why an entry waits (the same rules as models_app/queue_reasons.py) ----------------------
+
+  const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+  const names = (items) => (items.length === 1 ? items[0] : `${items.slice(0, -1).join(", ")} and ${items[items.length - 1]}`);
+
+  function holder(m) {
+    const n = m.in_flight || 0;
+    if (m.stopping) return [`${m.name} is stopping`, "stopping"];
+    if (m.pinned) return [`${m.name} is pinned${n ? `, busy (${plural(n, "request")})` : ""}`, "pinned"];
+    if (n) return [`${m.name} is busy (${plural(n, "request")})`, "busy"];
+    if (m.state === "loading") return [`${m.name} is loading`, "loading"];
+    return [`${m.name} is idle (it will be stopped to make room)`, "idle"];
+  }
+
+  function reasonOf(entry) {
+    const name = entry.model;
+    const own = models.get(name) || {};
+    const all = [...models.values()];
+    const limit = config.max_wait === null || config.max_wait === undefined
+      ? "no max wait: it waits until it can start (Settings: Max wait)"
+      : `gives up after ${Number(config.max_wait)} s`;
+    const result = (status, text) => ({ status, text, limit });
+    const stopping = all.filter((m) => m.stopping && m.name !== name).map((m) => m.name).sort();
+    if (entry.restart) return result("restart", `restarting ${name} with its changed preset`);
+    if (entry.starting || RUNNING.has(own.state)) {
+      if (own.state === "loading") return result("loading", `loading ${name}`);
+      if (RUNNING.has(own.state)) return result("starting", `${name} is ${own.state}`);
+      if (stopping.length) return result("stopping", `waiting for ${names(stopping)} to stop`);
+      return result("starting", `starting ${name}`);
+    }
+    if (own.backoff) {
+      const why = own.backoff.reason ? ` (${own.backoff.reason})` : "";
+      return result("waiting", `held back after a crash loop${why}; it starts again when the back-off ends`);
+    }
+    const max = Number(config.models_max || 0);
+    const running = all.filter((m) => RUNNING.has(m.state) && m.name !== name)
+      .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    if (max > 0 && running.length >= max) {
+      const holds = running.map(holder);
+      const pinned = holds.filter(([, kind]) => kind === "pinned").length;
+      const help = [];
+      if (pinned) help.push(`unpin ${pinned === 1 ? "it" : "them"}`);
+      if (!pinned && holds.some(([, kind]) => kind === "busy")) help.push("wait for a request to finish");
+      help.push("raise Max running models");
+      return result("waiting", `waiting for a slot: ${holds.map(([text]) => text).join(", ")} — ${help.join(" or ")}`);
+    }
+    const ahead = Number(entry.position || 1) - 1;
+    if (ahead > 0) return result("waiting", `waiting behind ${ahead} earlier ${ahead === 1 ? "entry" : "entries"}`);
+    if (stopping.length) return result("waiting", `waiting for ${names(stopping)} to stop`);
+    if (config.memory_budget) return result("waiting", "waiting for memory to settle under the memory budget");
+    return result("waiting", "waiting for its turn");
+  }
+
+  // A card says what its queue entry says: "queued #2" only while it waits (not while it
+  // loads), and the reason unless the state already says it ("loading").
+  function cardReason(el, name) {
+    const entry = queue.find((e) => e.model === name);
+    const reason = entry ? reasonOf(entry) : null;
+    const waiting = !!entry && !entry.starting && !entry.restart && reason.status === "waiting";
+    show(el, "queued", waiting);
+    setText(el, "queue-pos", waiting ? String(entry.position) : "");
+    const line = field(el, "queue-reason");
+    if (line) {
+      line.hidden = !reason || reason.status === "loading";
+      setText(el, "queue-reason", reason ? reason.text : "");
+    }
+  }
+
+  // Reasons depend on every model (who is busy, pinned, stopping): refreshed in place, so a
+  // Cancel button keeps its focus.
+  function refreshReasons() {
+    for (const tr of document.querySelectorAll("#queue-body tr.queue-entry, #queue-body tr.queue-why")) {
+      const entry = queue.find((e) => e.model === tr.dataset.model);
+      if (!entry) continue;
+      const reason = reasonOf(entry);
+      for (const [name, text] of [["queue-status", reason.status], ["queue-reason", reason.text], ["queue-limit", `(${reason.limit})`]]) {
+        const node = tr.querySelector(`[data-field="${name}"]`);
+        if (node && node.textContent !== text) node.textContent = text;
+      }
+    }
+    for (const el of root.querySelectorAll(".model-card[data-model]")) {
+      if (el.dataset.model) cardReason(el, el.dataset.model);
+    }
   }
 
   function renderWaiters(cell, entry) {
