@@ -122,8 +122,32 @@ def _edit(
         "live": _live(preset.name) if before is not None else None,
         "option_names": option_names(),
         "estimate": preset.memory_estimate or preset.gguf_estimate,
+        "error_links": error_links(form, args, env) if data is not None else [],
     }
     return render(request, "panel/presets/edit.html", context)
+
+
+def error_links(form: PresetForm, *formsets: Any) -> list[dict[str, str]]:
+    """Every error of a posted form as (field id, label, message), for the banner's links."""
+    links = []
+    for name, errors in form.errors.items():
+        if name == "__all__":
+            links += [{"href": "preset-form", "label": "Preset", "message": e} for e in errors]
+            continue
+        field = form[name]
+        links += [{"href": field.id_for_label, "label": str(field.label), "message": e}
+                  for e in errors]  # fmt: skip
+    for formset in formsets:
+        label = "Option" if formset.prefix == "args" else "Variable"
+        for i, row in enumerate(formset.forms, start=1):
+            for name, errors in row.errors.items():
+                target = row["value" if name == "value" else "key"].id_for_label
+                links += [{"href": target, "label": f"{label} {i}", "message": e} for e in errors]
+        links += [{"href": f"id_{formset.prefix}-0-key", "label": label, "message": e}
+                  for e in formset.non_form_errors()]  # fmt: skip
+    for field, errors in form.pair_errors.items():
+        links += [{"href": f"id_{field}-0-key", "label": field, "message": e} for e in errors]
+    return links
 
 
 def _save(request: HttpRequest, form: PresetForm, before: dict[str, Any] | None) -> HttpResponse:
