@@ -622,17 +622,63 @@
     return { stroke: ink("--chart-axis"), grid: line, ticks: line, ...extra };
   }
 
+  // Memory axes tick at round binary steps (0, 4, 8, 12 GiB), never at max / n (9.3, 18.6).
+  const BINARY = [[1024 ** 4, "TiB"], [1024 ** 3, "GiB"], [1024 ** 2, "MiB"], [1024, "KiB"], [1, "B"]];
+  const STEPS = [1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 200, 256, 500, 512];
+
+  function niceStep(max) {
+    if (!(max > 0)) return 0;
+    const raw = max / 4; // about four steps
+    const [unit] = BINARY.find(([u]) => u <= raw) || [1];
+    return (STEPS.find((k) => k * unit >= raw) || 1024) * unit;
+  }
+
+  function tickLabel(value, step) {
+    const [unit, name] = BINARY.find(([u]) => u <= step) || [1, "B"];
+    const n = value / unit;
+    return `${Number.isInteger(n) ? n : n.toFixed(1)} ${name}`;
+  }
+
+  // A point with no neighbour (one sample, or one between gaps) is drawn as a dot: a line needs two.
+  function lonely(u, seriesIdx) {
+    const data = u.data[seriesIdx];
+    const out = [];
+    for (let i = 0; i < data.length; i++) {
+      if (data[i] === null || data[i] === undefined) continue;
+      if ((i === 0 || data[i - 1] == null) && (i === data.length - 1 || data[i + 1] == null)) out.push(i);
+    }
+    return out;
+  }
+
   // Two charts sharing a cursor: the machine (GiB) and the models (MiB), so a 64 MiB model is
   // not a flat line under 24 GiB of available memory.
   class Plot {
-    constructor(box, height) {
+    constructor(box, height, empty) {
       this.box = box;
       this.height = height;
+      this.empty = empty; // said instead of an axis of "0 B, 1 B" when nothing was measured
       this.uplot = null;
       this.names = null;
+      this.span = null;
     }
 
-    draw(time, series) {
+    // ``span``: [from, to] in epoch seconds, which the x-axis spans whatever the data (24 h,
+    // 7 d); null follows the data (the live hour).
+    draw(time, series, span = null) {
+      const measured = series.some((s) => s.values.some((v) => v !== null && v !== undefined));
+      if (!measured) {
+        if (this.uplot) this.uplot.destroy();
+        this.uplot = null;
+        this.names = null;
+        if (!this.box.querySelector(".chart-empty")) {
+          const p = document.createElement("p");
+          p.className = "chart-empty muted";
+          p.textContent = this.empty;
+          this.box.replaceChildren(p);
+        }
+        return;
+      }
+      this.span = span;
       const names = series.map((s) => s.label).join("\u0000");
       const aligned = [time, ...series.map((s) => s.values)];
       if (this.uplot && names === this.names) {
@@ -642,21 +688,44 @@
       if (this.uplot) this.uplot.destroy();
       this.names = names;
       this.box.replaceChildren();
+      let step = 0;
       const opts = {
         width: this.width(),
         height: this.height,
         cursor: { sync: { key: "memory" }, drag: { x: false, y: false } },
-        scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(max * 1.08, 1)] } },
-        axes: [axis({}), axis({ values: (u, ticks) => ticks.map(bytes), size: 76 })],
+        scales: {
+          x: { time: true, range: (u, min, max) => this.span || [min, max] },
+          y: {
+            range: (u, min, max) => {
+              step = niceStep(max * 1.02);
+              return [0, step ? Math.ceil((max * 1.02) / step) * step : 1];
+            },
+          },
+        },
+        axes: [
+          axis({ label: "Time", labelSize: 20 }),
+          axis({
+            label: "Memory",
+            labelSize: 20,
+            size: 64,
+            splits: (u, i, min, max) => {
+              const out = [];
+              for (let v = 0; step && v <= max + step / 1e6; v += step) out.push(v);
+              return out;
+            },
+            values: (u, ticks) => ticks.map((v) => tickLabel(v, step)),
+          }),
+        ],
         series: [
-          { value: (u, v) => (v === null ? "—" : new Date(v * 1000).toLocaleTimeString()) },
+          { value: (u, v) => (v === null ? "—" : new Date(v * 1000).toLocaleString()) },
           ...series.map((s) => ({
             label: s.label,
             stroke: s.color,
             width: s.width || 1.5,
             dash: s.dash,
             fill: s.fill ? `${s.color}22` : undefined,
-            points: { show: false },
+            spanGaps: false, // not loaded, or no rollups: a gap, not a line across it
+            points: { show: true, size: 6, fill: s.color, filter: lonely },
             value: (u, v) => bytes(v),
           })),
         ],
@@ -679,8 +748,8 @@
       this.range = "1h";
       this.cols = { time: [], used: [], available: [], swap_used: [], wired: [], models: {} };
       const small = window.matchMedia("(max-width: 520px)").matches;
-      this.system = new Plot(document.getElementById("memchart-system"), small ? 170 : 200);
-      this.models = new Plot(document.getElementById("memchart-models"), small ? 170 : 200);
+      this.system = new Plot(document.getElementById("memchart-system"), small ? 170 : 200, "No memory sample in this range yet.");
+      this.models = new Plot(document.getElementById("memchart-models"), small ? 170 : 200, "No model was running in this range.");
       const observer = new ResizeObserver(() => {
         this.system.resize();
         this.models.resize();
@@ -770,8 +839,8 @@
         { label: "Used (max)", values: data.system.used_max, color: ink("--chart-axis"), dash: [4, 3] },
         { label: "Available (avg)", values: data.system.available, color: "#16a34a", dash: [6, 4] },
         { label: "Swap used (avg)", values: data.system.swap_used, color: "#9333ea", dash: [2, 3] },
-      ]);
-      this.models.draw(data.time, this.modelSeries(data.models, " (avg)"));
+      ], data.window);
+      this.models.draw(data.time, this.modelSeries(data.models, " (avg)"), data.window);
     }
   }
 
@@ -833,6 +902,7 @@
     close: () => root.classList.add("is-stale"),
   });
   window.panelLive = live;
+  window.panelChart = chart; // the memory charts, read by the browser tests
   live.start();
 
   setInterval(() => {
