@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from models_app.views.common import human_bytes
+
 CHANGE_KINDS = frozenset({"preset_created", "preset_changed", "preset_deleted", "settings_changed"})
 LABELS = {
     # preset fields
@@ -36,10 +38,15 @@ def reason(kind: str, text: str) -> str:
     return ", ".join(label(part.strip()) for part in text.split(","))
 
 
-def value(v: Any) -> str:
+BYTES = frozenset({"memory_estimate", "memory_budget", "memory_headroom"})
+
+
+def value(v: Any, name: str = "") -> str:
     """One side of a change as text: pairs as ``key = value`` lines, lists by commas."""
     if v is None or v == "" or v == []:
         return "—"
+    if name in BYTES and isinstance(v, int):
+        return human_bytes(v)
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, list) and all(isinstance(p, list | tuple) and len(p) == 2 for p in v):
@@ -59,5 +66,7 @@ def changes(kind: str, details: Any) -> list[dict[str, str]]:
     rows = []
     for name, pair in found.items():
         before, after = pair if isinstance(pair, list | tuple) and len(pair) == 2 else (None, pair)
-        rows.append({"field": label(name), "before": value(before), "after": value(after)})
+        rows.append(
+            {"field": label(name), "before": value(before, name), "after": value(after, name)}
+        )
     return rows

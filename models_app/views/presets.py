@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
-from models_app import audit, presets_io, server_options, specs
+from models_app import audit, audit_labels, presets_io, server_options, specs
 from models_app.forms import ImportForm, PresetForm, option_names, pair_formset
 from models_app.messages import ReloadCall
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
@@ -235,7 +235,35 @@ def preset_import(request: HttpRequest) -> HttpResponse:
             _report_reload(request, f"Imported: {report.summary()}.", answer, "")
             return redirect("panel:preset_list")
         context["report"] = report
+        context.update(import_effects(report))
+    if request.method == "POST" and "text" in context:  # an uploaded file stays for the next try
+        context["form"] = ImportForm(
+            initial={"text": context["text"], "replace": context["replace"]}
+        )
     return render(request, "panel/presets/import.html", context)
+
+
+def import_effects(report: Any) -> dict[str, Any]:
+    """What the preview shows beyond created / updated: each field's before and after, and
+    which running models the import would restart or delete (said in red)."""
+    snap, _ = common.snapshot()
+    running = {
+        m["name"]
+        for m in (snap or {}).get("models") or []
+        if m.get("state") in ("loading", "loaded", "sleeping")
+    }
+    changes = [
+        {"name": name, "rows": audit_labels.changes("preset_changed", {"changes": fields})}
+        for name, fields in report.changes.items()
+    ]
+    restarted = sorted(n for n in report.updated if n in running)
+    if report.global_changed:
+        restarted = sorted(running - set(report.deleted))  # every model inherits [*]
+    return {
+        "changes": changes,
+        "restarted": restarted,
+        "deleted_running": sorted(n for n in report.deleted if n in running),
+    }
 
 
 def _import(
