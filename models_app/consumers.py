@@ -37,7 +37,7 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError
 from django.urls import reverse
 
-from models_app import audit, bridge
+from models_app import audit, audit_labels, bridge
 from models_app.messages import EventMessage
 from models_app.models import AuditEvent, Preset
 from models_app.roles import Role, role_of
@@ -72,7 +72,7 @@ def audit_row(row: AuditEvent) -> dict[str, Any]:
         "kind_label": row.get_kind_display(),
         "model": row.model,
         "actor": row.actor,
-        "reason": row.reason,
+        "reason": audit_labels.reason(row.kind, row.reason),  # field names in the panel's words
         "from": row.from_state,
         "to": row.to_state,
         "url": reverse("panel:audit_detail", args=[row.pk]),

@@ -94,7 +94,7 @@ class PairRowForm(forms.Form):
             try:
                 self.check([[key, value]])
             except ValidationError as exc:
-                self.add_error("key", exc)
+                self.add_error("value" if exc.code == "bad_value" else "key", exc)
         return data
 
 

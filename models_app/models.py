@@ -89,7 +89,7 @@ def validate_args(value: Any, catalogue: options.Catalogue | None = None) -> lis
     """
     known = catalogue or options.builtin()
     warnings: list[ini.IniWarning] = []
-    for key, _ in validate_pairs(value):
+    for key, val in validate_pairs(value):
         if key in PAIR_RESERVED_KEYS or key.startswith(presets.ENV_PREFIX):
             raise ValidationError(
                 f"{key} has its own field; set it there instead of in the options.",
@@ -103,6 +103,9 @@ def validate_args(value: Any, catalogue: options.Catalogue | None = None) -> lis
             raise ValidationError(
                 f"{key} has its own field ({found.key}); set it there.", code="own_field"
             )
+        problem = options.value_problem(found, val) if found is not None else None
+        if found is not None and problem:
+            raise ValidationError(f"{key} = {val!r}: {found.key} {problem}.", code="bad_value")
     return [w.message for w in warnings]
 
 

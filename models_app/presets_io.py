@@ -26,6 +26,8 @@ class ImportReport:
     global_changed: bool = False
     warnings: list[str] = field(default_factory=list)
     dry_run: bool = False
+    # what changes, field by field: {preset name or "[*]": {field: [before, after]}}
+    changes: dict[str, dict[str, list[object]]] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -129,6 +131,8 @@ def _apply(
             row.updated_by = user
         _full_clean(row, source, parsed.lines.get(definition.name, 0))
         row.save()
+        if before is not None:
+            report.changes[definition.name] = audit.diff(before, audit.preset_state(row))
         audit.record_preset_change(before, row, actor)
     if replace:
         named = {d.name for d in parsed.presets}
@@ -167,6 +171,9 @@ def _apply_global(
         settings_row.set_global_def(parsed.global_def)
         if settings_row.global_args != before_settings["global_args"]:
             report.global_changed = True
+            report.changes["[*]"] = {
+                "global_args": [before_settings["global_args"], settings_row.global_args]
+            }
             settings_row.save()
             audit.record_settings_change(before_settings, settings_row, actor)
 

@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from models_app import audit_labels
 from models_app.views.common import human_bytes, human_seconds
 
 register = template.Library()
@@ -82,3 +83,9 @@ def effective(pair: tuple[Any, str], unit: str = "s") -> SafeString:
     else:
         shown = "off" if not value else f"{float(value):g} s"
     return format_html('{} <small class="muted">{}</small>', shown, SOURCES[source])
+
+
+@register.filter
+def audit_reason(row: Any) -> str:
+    """An audit row's reason with field names in the panel's words."""
+    return audit_labels.reason(row.kind, row.reason)

@@ -19,8 +19,9 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from models_app import audit_labels
 from models_app.forms import AuditFilterForm
-from models_app.models import AuditEvent, AuditKind
+from models_app.models import AuditEvent, AuditKind, Preset
 from models_app.roles import Role, require
 from models_app.security import csv_cell
 
@@ -69,9 +70,16 @@ def audit_list(request: HttpRequest) -> HttpResponse:
         "form": form,
         "page": page,
         "query": query.urlencode(),
-        "models": AuditEvent.objects.exclude(model="").values_list("model", flat=True).distinct(),
+        "models": known_models(),
+        "invalid": bool(request.GET) and not form.is_valid(),
     }
     return render(request, "panel/audit/list.html", context)
+
+
+def known_models() -> list[str]:
+    """The models the picker offers: every preset and every model the log names."""
+    audited = AuditEvent.objects.exclude(model="").values_list("model", flat=True).distinct()
+    return sorted(set(audited) | set(Preset.objects.values_list("name", flat=True)))
 
 
 def _export_row(row: AuditEvent) -> dict[str, Any]:
@@ -133,10 +141,14 @@ def audit_detail(request: HttpRequest, pk: int) -> HttpResponse:
             time__gte=row.time - timedelta(minutes=2),
             time__lte=row.time + timedelta(minutes=5),
         ).exclude(pk=row.pk)[:20]
+    changes = audit_labels.changes(row.kind, row.details)
     context = {
         "row": row,
         "fields": fields,
-        "details": json.dumps(row.details, indent=2, sort_keys=True) if row.details else "",
+        "changes": changes,  # a preset or settings change: a before/after table, not JSON
+        "details": ""
+        if changes or not row.details
+        else json.dumps(row.details, indent=2, sort_keys=True),
         "related": related,
     }
     return render(request, "panel/audit/detail.html", context)

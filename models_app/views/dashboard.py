@@ -16,7 +16,7 @@ from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from models_app import audit
+from models_app import audit, queue_reasons
 from models_app.models import AuditEvent, Preset
 from models_app.roles import Role, require
 from models_app.views import actions, common, memory
@@ -30,9 +30,15 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     snap, router_error = common.snapshot()
     presets = {p.name: p for p in Preset.objects.all()}
     cards = model_cards(snap, presets)
+    queue = queue_rows(snap)
+    waits = {q["model"]: q for q in queue}
+    for c in cards:  # the card says what its queue entry says (no "queued #2" while it loads)
+        q = waits.get(c["name"])
+        c["queue_reason"] = q["reason"] if q else None
+        c["queue_waiting"] = bool(q and not q.get("starting") and not q.get("restart"))
     context = {
         "cards": cards,
-        "queue": queue_rows(snap),
+        "queue": queue,
         "router_error": router_error,
         "config": (snap or {}).get("config") or {},
         "system": (snap or {}).get("memory"),
@@ -85,6 +91,7 @@ def queue_rows(snap: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Queue entries with how long they waited, and their oldest requests (each cancellable)."""
     now = time.time()
     loads = {m["name"]: m.get("load_seconds") for m in (snap or {}).get("models") or []}
+    why = queue_reasons.reasons(snap)
     rows = []
     for row in (snap or {}).get("queue") or []:
         requests = [
@@ -94,7 +101,11 @@ def queue_rows(snap: dict[str, Any] | None) -> list[dict[str, Any]]:
         more = max(0, int(row.get("waiters") or 0) - len(requests))
         waiting = max(0.0, now - (row.get("since") or now))
         eta = loads.get(row.get("model"))
-        rows.append(row | {"waiting": waiting, "shown": requests, "more": more, "eta": eta})
+        reason = why.get(row.get("model") or "")
+        rows.append(
+            row
+            | {"waiting": waiting, "shown": requests, "more": more, "eta": eta, "reason": reason}
+        )
     return rows
 
 

@@ -56,13 +56,39 @@ def rollups(range_name: str) -> dict[str, Any]:
         return {"available": False, "reason": "memory rollups are not recorded by this build"}
     span, bucket = RANGES[range_name]
     fields = ("minute", "scope", "model", "used_avg", "used_max", "available_avg", "swap_used_avg")
-    since = timezone.now() - span
+    now = timezone.now()
+    since = now - span
     rows = model.objects.filter(minute__gte=since).order_by("minute").values_list(*fields)
-    out = _bucketed(rows, bucket)
+    out = with_gaps(_bucketed(rows, bucket), bucket)
+    window = [since.timestamp(), now.timestamp()]  # the x-axis spans it, however few points
     if not out["time"]:
         reason = "no rollups yet (the memory-rollup job folds the router's ring every minute)"
-        return {"available": False, "reason": reason}
-    return {"available": True, "bucket": bucket, **out}
+        return {"available": False, "reason": reason, "window": window}
+    return {"available": True, "bucket": bucket, "window": window, **out}
+
+
+def with_gaps(out: dict[str, Any], bucket: int) -> dict[str, Any]:
+    """Put a point of nulls into every stretch without rollups (the router was down), so the
+    chart draws a gap there instead of a line across it; a model not loaded in a bucket is
+    already null there."""
+    times = out["time"]
+    keep: list[int | None] = []  # index into the columns, or None for a gap point
+    for i, t in enumerate(times):
+        if i and t - times[i - 1] > bucket:
+            keep.append(None)
+        keep.append(i)
+
+    def pick(column: list[Any]) -> list[Any]:
+        return [None if i is None else column[i] for i in keep]
+
+    gap_times: list[float] = []
+    for k in keep:  # a gap point sits one bucket after the point before it
+        gap_times.append(times[k] if k is not None else gap_times[-1] + bucket)
+    return {
+        "time": gap_times,
+        "system": {key: pick(column) for key, column in out["system"].items()},
+        "models": {name: pick(column) for name, column in out["models"].items()},
+    }
 
 
 def _mean(values: list[float]) -> float | None:

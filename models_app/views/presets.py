@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
-from models_app import audit, presets_io, server_options, specs
+from models_app import audit, audit_labels, presets_io, server_options, specs
 from models_app.forms import ImportForm, PresetForm, option_names, pair_formset
 from models_app.messages import ReloadCall
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
@@ -122,8 +122,32 @@ def _edit(
         "live": _live(preset.name) if before is not None else None,
         "option_names": option_names(),
         "estimate": preset.memory_estimate or preset.gguf_estimate,
+        "error_links": error_links(form, args, env) if data is not None else [],
     }
     return render(request, "panel/presets/edit.html", context)
+
+
+def error_links(form: PresetForm, *formsets: Any) -> list[dict[str, str]]:
+    """Every error of a posted form as (field id, label, message), for the banner's links."""
+    links = []
+    for name, errors in form.errors.items():
+        if name == "__all__":
+            links += [{"href": "preset-form", "label": "Preset", "message": e} for e in errors]
+            continue
+        field = form[name]
+        links += [{"href": field.id_for_label, "label": str(field.label), "message": e}
+                  for e in errors]  # fmt: skip
+    for formset in formsets:
+        label = "Option" if formset.prefix == "args" else "Variable"
+        for i, row in enumerate(formset.forms, start=1):
+            for name, errors in row.errors.items():
+                target = row["value" if name == "value" else "key"].id_for_label
+                links += [{"href": target, "label": f"{label} {i}", "message": e} for e in errors]
+        links += [{"href": f"id_{formset.prefix}-0-key", "label": label, "message": e}
+                  for e in formset.non_form_errors()]  # fmt: skip
+    for field, errors in form.pair_errors.items():
+        links += [{"href": f"id_{field}-0-key", "label": field, "message": e} for e in errors]
+    return links
 
 
 def _save(request: HttpRequest, form: PresetForm, before: dict[str, Any] | None) -> HttpResponse:
@@ -211,7 +235,35 @@ def preset_import(request: HttpRequest) -> HttpResponse:
             _report_reload(request, f"Imported: {report.summary()}.", answer, "")
             return redirect("panel:preset_list")
         context["report"] = report
+        context.update(import_effects(report))
+    if request.method == "POST" and "text" in context:  # an uploaded file stays for the next try
+        context["form"] = ImportForm(
+            initial={"text": context["text"], "replace": context["replace"]}
+        )
     return render(request, "panel/presets/import.html", context)
+
+
+def import_effects(report: Any) -> dict[str, Any]:
+    """What the preview shows beyond created / updated: each field's before and after, and
+    which running models the import would restart or delete (said in red)."""
+    snap, _ = common.snapshot()
+    running = {
+        m["name"]
+        for m in (snap or {}).get("models") or []
+        if m.get("state") in ("loading", "loaded", "sleeping")
+    }
+    changes = [
+        {"name": name, "rows": audit_labels.changes("preset_changed", {"changes": fields})}
+        for name, fields in report.changes.items()
+    ]
+    restarted = sorted(n for n in report.updated if n in running)
+    if report.global_changed:
+        restarted = sorted(running - set(report.deleted))  # every model inherits [*]
+    return {
+        "changes": changes,
+        "restarted": restarted,
+        "deleted_running": sorted(n for n in report.deleted if n in running),
+    }
 
 
 def _import(

@@ -11,6 +11,7 @@ The built-in table (``llama_options.json``) is generated from llama.cpp's ``comm
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -33,6 +34,8 @@ class LlamaOption:
     env: str | None
     takes_value: bool
     takes_two_values: bool
+    value_hint: str | None = None  # "N", "<0|1>", "{none,linear,yarn}", ... (built-in table)
+    handler: str | None = None  # how llama.cpp reads the value: "int", "string", ...
 
     @property
     def key(self) -> str:
@@ -156,7 +159,53 @@ def _option(record: dict[str, Any]) -> LlamaOption:
         env=record["env"],
         takes_value=bool(record["takes_value"]),
         takes_two_values=bool(record["takes_two_values"]),
+        value_hint=record.get("value_hint"),
+        handler=record.get("handler"),
     )
+
+
+_INT = re.compile(r"[+-]?[0-9]+")
+# Options whose value llama.cpp reads as text but takes as a number of layers, or auto/all.
+LAYER_KEYS = frozenset({"n-gpu-layers", "n-gpu-layers-draft"})
+AUTO = frozenset({"auto", "-1"})
+
+
+def value_problem(option: LlamaOption, value: str) -> str | None:
+    """Return why ``value`` is not a value of ``option`` (by its handler and value hint in
+    llama-server's table), or None if it is one or the table says nothing checkable. An option
+    of a table read from ``--help`` carries no handler: it is checked as b11434's option of the
+    same name and shape, if there is one."""
+    if option.handler is None:
+        twin = builtin().lookup(option.key)
+        if twin is None or twin[0].key != option.key or twin[0].takes_value != option.takes_value:
+            return None
+        option = twin[0]
+    if not option.takes_value or option.takes_two_values or option.handler is None:
+        return None
+    hint, text = option.value_hint or "", value.strip()
+    if option.key in LAYER_KEYS:
+        if _INT.fullmatch(text) or text in ("auto", "all"):
+            return None
+        return "expects a number of layers, auto or all"
+    if hint == "<0|1>":
+        return None if text in ("0", "1") else "expects 0 or 1"
+    if hint == "<0...100>":
+        ok = _INT.fullmatch(text) and 0 <= int(text) <= 100
+        return None if ok else "expects a whole number from 0 to 100"
+    if hint.startswith("{") and hint.endswith("}") and "<" not in hint:
+        choices = hint[1:-1].split(",")
+        return None if text in choices else f"expects one of {', '.join(choices)}"
+    if hint in ("[on|off|auto]", "[on|off]"):
+        allowed = TRUTHY | FALSEY | (AUTO if "auto" in hint else frozenset())
+        return None if text in allowed else f"expects {hint[1:-1].replace('|', ', ')}"
+    if option.handler == "int":
+        return None if _INT.fullmatch(text) else "expects a whole number"
+    if option.handler == "string" and hint == "N":
+        try:
+            float(text)
+        except ValueError:
+            return "expects a number"
+    return None
 
 
 def _index(options: Iterable[LlamaOption]) -> dict[str, tuple[LlamaOption, bool]]:

@@ -72,8 +72,7 @@
     setText(el, "state-text", state);
     show(el, "stopping", !!m.stopping);
     show(el, "pinned", !!m.pinned);
-    show(el, "queued", !!m.queue_position);
-    setText(el, "queue-pos", m.queue_position ? String(m.queue_position) : "");
+    cardReason(el, m.name);
     renderProgress(el, m);
     const estimate = (presets[m.name] || {}).estimate;
     const mem = field(el, "memory");
@@ -110,6 +109,17 @@
       );
     }
     tickCard(el, m);
+    scheduleReasons();
+  }
+
+  let reasonsPending = false;
+  function scheduleReasons() {
+    if (reasonsPending) return;
+    reasonsPending = true;
+    queueMicrotask(() => {
+      reasonsPending = false;
+      refreshReasons();
+    });
   }
 
   // Who has requests in flight: "user:alice ×2, key:bob/ci".
@@ -359,14 +369,31 @@
       const tr = body.insertRow();
       tr.className = "queue-entry";
       tr.dataset.model = entry.model;
-      const status = entry.starting ? "starting" : entry.restart ? "restart" : "waiting";
-      const cells = [[entry.position, "#"], [entry.model, "Model"], [entry.waiters, "Requests"], ["", "Waiting for"], [status, "Status"]];
+      const cells = [[entry.position, "#"], [entry.model, "Model"], [entry.waiters, "Requests"], ["", "Waiting for"], ["", "Status"]];
       for (const [text, label] of cells) {
         const td = tr.insertCell();
         td.textContent = String(text);
         td.dataset.label = label; // the phone layout stacks the cells under these labels
       }
       renderWaiters(tr.cells[2], entry);
+      const status = document.createElement("span");
+      status.className = "queue-status";
+      status.dataset.field = "queue-status";
+      tr.cells[4].append(status);
+      // What it waits on and what would help, under the entry across the table.
+      const why = body.insertRow();
+      why.className = "queue-why";
+      why.dataset.model = entry.model;
+      const whyCell = why.insertCell();
+      whyCell.colSpan = 5;
+      whyCell.dataset.label = "Why";
+      const reason = document.createElement("span");
+      reason.className = "queue-reason";
+      reason.dataset.field = "queue-reason";
+      const limit = document.createElement("small");
+      limit.className = "muted queue-limit";
+      limit.dataset.field = "queue-limit";
+      whyCell.append(reason, " ", limit);
       const eta = (models.get(entry.model) || {}).load_seconds;
       if (eta) {
         const small = document.createElement("small");
@@ -381,6 +408,92 @@
       }
     }
     tickQueue();
+    refreshReasons();
+  }
+
+  // ---- why an entry waits (the same rules as models_app/queue_reasons.py) ----------------------
+
+  const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+  const names = (items) => (items.length === 1 ? items[0] : `${items.slice(0, -1).join(", ")} and ${items[items.length - 1]}`);
+
+  function holder(m) {
+    const n = m.in_flight || 0;
+    if (m.stopping) return [`${m.name} is stopping`, "stopping"];
+    if (m.pinned) return [`${m.name} is pinned${n ? `, busy (${plural(n, "request")})` : ""}`, "pinned"];
+    if (n) return [`${m.name} is busy (${plural(n, "request")})`, "busy"];
+    if (m.state === "loading") return [`${m.name} is loading`, "loading"];
+    return [`${m.name} is idle (it will be stopped to make room)`, "idle"];
+  }
+
+  function reasonOf(entry) {
+    const name = entry.model;
+    const own = models.get(name) || {};
+    const all = [...models.values()];
+    const limit = config.max_wait === null || config.max_wait === undefined
+      ? "no max wait: it waits until it can start (Settings: Max wait)"
+      : `gives up after ${Number(config.max_wait)} s`;
+    const result = (status, text) => ({ status, text, limit });
+    const stopping = all.filter((m) => m.stopping && m.name !== name).map((m) => m.name).sort();
+    if (entry.restart) return result("restart", `restarting ${name} with its changed preset`);
+    if (entry.starting || RUNNING.has(own.state)) {
+      if (own.state === "loading") return result("loading", `loading ${name}`);
+      if (RUNNING.has(own.state)) return result("starting", `${name} is ${own.state}`);
+      if (stopping.length) return result("stopping", `waiting for ${names(stopping)} to stop`);
+      return result("starting", `starting ${name}`);
+    }
+    if (own.backoff) {
+      const why = own.backoff.reason ? ` (${own.backoff.reason})` : "";
+      return result("waiting", `held back after a crash loop${why}; it starts again when the back-off ends`);
+    }
+    const max = Number(config.models_max || 0);
+    const running = all.filter((m) => RUNNING.has(m.state) && m.name !== name)
+      .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    if (max > 0 && running.length >= max) {
+      const holds = running.map(holder);
+      const pinned = holds.filter(([, kind]) => kind === "pinned").length;
+      const help = [];
+      if (pinned) help.push(`unpin ${pinned === 1 ? "it" : "them"}`);
+      if (!pinned && holds.some(([, kind]) => kind === "busy")) help.push("wait for a request to finish");
+      help.push("raise Max running models");
+      return result("waiting", `waiting for a slot: ${holds.map(([text]) => text).join(", ")} — ${help.join(" or ")}`);
+    }
+    const ahead = Number(entry.position || 1) - 1;
+    if (ahead > 0) return result("waiting", `waiting behind ${ahead} earlier ${ahead === 1 ? "entry" : "entries"}`);
+    if (stopping.length) return result("waiting", `waiting for ${names(stopping)} to stop`);
+    if (config.memory_budget) return result("waiting", "waiting for memory to settle under the memory budget");
+    return result("waiting", "waiting for its turn");
+  }
+
+  // A card says what its queue entry says: "queued #2" only while it waits (not while it
+  // loads), and the reason unless the state already says it ("loading").
+  function cardReason(el, name) {
+    const entry = queue.find((e) => e.model === name);
+    const reason = entry ? reasonOf(entry) : null;
+    const waiting = !!entry && !entry.starting && !entry.restart && reason.status === "waiting";
+    show(el, "queued", waiting);
+    setText(el, "queue-pos", waiting ? String(entry.position) : "");
+    const line = field(el, "queue-reason");
+    if (line) {
+      line.hidden = !reason || reason.status === "loading";
+      setText(el, "queue-reason", reason ? reason.text : "");
+    }
+  }
+
+  // Reasons depend on every model (who is busy, pinned, stopping): refreshed in place, so a
+  // Cancel button keeps its focus.
+  function refreshReasons() {
+    for (const tr of document.querySelectorAll("#queue-body tr.queue-entry, #queue-body tr.queue-why")) {
+      const entry = queue.find((e) => e.model === tr.dataset.model);
+      if (!entry) continue;
+      const reason = reasonOf(entry);
+      for (const [name, text] of [["queue-status", reason.status], ["queue-reason", reason.text], ["queue-limit", `(${reason.limit})`]]) {
+        const node = tr.querySelector(`[data-field="${name}"]`);
+        if (node && node.textContent !== text) node.textContent = text;
+      }
+    }
+    for (const el of root.querySelectorAll(".model-card[data-model]")) {
+      if (el.dataset.model) cardReason(el, el.dataset.model);
+    }
   }
 
   function renderWaiters(cell, entry) {
@@ -509,17 +622,63 @@
     return { stroke: ink("--chart-axis"), grid: line, ticks: line, ...extra };
   }
 
+  // Memory axes tick at round binary steps (0, 4, 8, 12 GiB), never at max / n (9.3, 18.6).
+  const BINARY = [[1024 ** 4, "TiB"], [1024 ** 3, "GiB"], [1024 ** 2, "MiB"], [1024, "KiB"], [1, "B"]];
+  const STEPS = [1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 200, 256, 500, 512];
+
+  function niceStep(max) {
+    if (!(max > 0)) return 0;
+    const raw = max / 4; // about four steps
+    const [unit] = BINARY.find(([u]) => u <= raw) || [1];
+    return (STEPS.find((k) => k * unit >= raw) || 1024) * unit;
+  }
+
+  function tickLabel(value, step) {
+    const [unit, name] = BINARY.find(([u]) => u <= step) || [1, "B"];
+    const n = value / unit;
+    return `${Number.isInteger(n) ? n : n.toFixed(1)} ${name}`;
+  }
+
+  // A point with no neighbour (one sample, or one between gaps) is drawn as a dot: a line needs two.
+  function lonely(u, seriesIdx) {
+    const data = u.data[seriesIdx];
+    const out = [];
+    for (let i = 0; i < data.length; i++) {
+      if (data[i] === null || data[i] === undefined) continue;
+      if ((i === 0 || data[i - 1] == null) && (i === data.length - 1 || data[i + 1] == null)) out.push(i);
+    }
+    return out;
+  }
+
   // Two charts sharing a cursor: the machine (GiB) and the models (MiB), so a 64 MiB model is
   // not a flat line under 24 GiB of available memory.
   class Plot {
-    constructor(box, height) {
+    constructor(box, height, empty) {
       this.box = box;
       this.height = height;
+      this.empty = empty; // said instead of an axis of "0 B, 1 B" when nothing was measured
       this.uplot = null;
       this.names = null;
+      this.span = null;
     }
 
-    draw(time, series) {
+    // ``span``: [from, to] in epoch seconds, which the x-axis spans whatever the data (24 h,
+    // 7 d); null follows the data (the live hour).
+    draw(time, series, span = null) {
+      const measured = series.some((s) => s.values.some((v) => v !== null && v !== undefined));
+      if (!measured) {
+        if (this.uplot) this.uplot.destroy();
+        this.uplot = null;
+        this.names = null;
+        if (!this.box.querySelector(".chart-empty")) {
+          const p = document.createElement("p");
+          p.className = "chart-empty muted";
+          p.textContent = this.empty;
+          this.box.replaceChildren(p);
+        }
+        return;
+      }
+      this.span = span;
       const names = series.map((s) => s.label).join("\u0000");
       const aligned = [time, ...series.map((s) => s.values)];
       if (this.uplot && names === this.names) {
@@ -529,21 +688,44 @@
       if (this.uplot) this.uplot.destroy();
       this.names = names;
       this.box.replaceChildren();
+      let step = 0;
       const opts = {
         width: this.width(),
         height: this.height,
         cursor: { sync: { key: "memory" }, drag: { x: false, y: false } },
-        scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(max * 1.08, 1)] } },
-        axes: [axis({}), axis({ values: (u, ticks) => ticks.map(bytes), size: 76 })],
+        scales: {
+          x: { time: true, range: (u, min, max) => this.span || [min, max] },
+          y: {
+            range: (u, min, max) => {
+              step = niceStep(max * 1.02);
+              return [0, step ? Math.ceil((max * 1.02) / step) * step : 1];
+            },
+          },
+        },
+        axes: [
+          axis({ label: "Time", labelSize: 20 }),
+          axis({
+            label: "Memory",
+            labelSize: 20,
+            size: 64,
+            splits: (u, i, min, max) => {
+              const out = [];
+              for (let v = 0; step && v <= max + step / 1e6; v += step) out.push(v);
+              return out;
+            },
+            values: (u, ticks) => ticks.map((v) => tickLabel(v, step)),
+          }),
+        ],
         series: [
-          { value: (u, v) => (v === null ? "—" : new Date(v * 1000).toLocaleTimeString()) },
+          { value: (u, v) => (v === null ? "—" : new Date(v * 1000).toLocaleString()) },
           ...series.map((s) => ({
             label: s.label,
             stroke: s.color,
             width: s.width || 1.5,
             dash: s.dash,
             fill: s.fill ? `${s.color}22` : undefined,
-            points: { show: false },
+            spanGaps: false, // not loaded, or no rollups: a gap, not a line across it
+            points: { show: true, size: 6, fill: s.color, filter: lonely },
             value: (u, v) => bytes(v),
           })),
         ],
@@ -566,8 +748,8 @@
       this.range = "1h";
       this.cols = { time: [], used: [], available: [], swap_used: [], wired: [], models: {} };
       const small = window.matchMedia("(max-width: 520px)").matches;
-      this.system = new Plot(document.getElementById("memchart-system"), small ? 170 : 200);
-      this.models = new Plot(document.getElementById("memchart-models"), small ? 170 : 200);
+      this.system = new Plot(document.getElementById("memchart-system"), small ? 170 : 200, "No memory sample in this range yet.");
+      this.models = new Plot(document.getElementById("memchart-models"), small ? 170 : 200, "No model was running in this range.");
       const observer = new ResizeObserver(() => {
         this.system.resize();
         this.models.resize();
@@ -657,8 +839,8 @@
         { label: "Used (max)", values: data.system.used_max, color: ink("--chart-axis"), dash: [4, 3] },
         { label: "Available (avg)", values: data.system.available, color: "#16a34a", dash: [6, 4] },
         { label: "Swap used (avg)", values: data.system.swap_used, color: "#9333ea", dash: [2, 3] },
-      ]);
-      this.models.draw(data.time, this.modelSeries(data.models, " (avg)"));
+      ], data.window);
+      this.models.draw(data.time, this.modelSeries(data.models, " (avg)"), data.window);
     }
   }
 
@@ -720,6 +902,7 @@
     close: () => root.classList.add("is-stale"),
   });
   window.panelLive = live;
+  window.panelChart = chart; // the memory charts, read by the browser tests
   live.start();
 
   setInterval(() => {

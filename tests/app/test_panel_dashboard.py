@@ -135,7 +135,9 @@ class TestMemoryHistory:
                                   "swap_used": [0.0]}  # fmt: skip
         assert data["models"] == {"demo-small": [3.0]}
         week = viewer_client.get("/memory/history/?range=7d").json()
-        assert len(week["time"]) == 2 and week["bucket"] == 600
+        assert week["bucket"] == 600  # two points and a gap between them: nothing rolled up
+        assert week["system"]["used"] == [7.0, None, 5.0] and len(week["time"]) == 3
+        assert week["window"][1] - week["window"][0] == 7 * 86400  # the axis spans 7 days
 
     def test_no_rollups_yet_is_said(self, viewer_client: Client) -> None:
         data = viewer_client.get("/memory/history/?range=7d").json()

@@ -364,10 +364,15 @@ def test_audit_filter_and_csv_export(panel: Panel, quiet: PanelServer, tmp_path:
     page.wait_for_selector("#audit-table td:has-text('demo-small')")
     screenshot(page, "panel-audit-log.png")
 
-    page.fill("#id_model", "demo-small")
+    page.select_option("#id_model", "demo-small")  # a picker of the known models
     page.select_option("#id_kind", "ready")
     page.click("#audit-filters button[type=submit]")
     page.wait_for_url("**/audit/?model=demo-small&kind=ready*")
+    for _ in range(20):  # the audit writer batches its rows: the ready row may come later
+        if page.locator("#audit-table tbody td[data-label=Kind]").count():
+            break
+        page.wait_for_timeout(500)
+        page.reload()
     kinds = page.locator("#audit-table tbody td[data-label=Kind]").all_inner_texts()
     assert kinds and set(kinds) == {"ready"}
     links = page.locator("#audit-table tbody td[data-label=Time] a").all()

@@ -311,11 +311,16 @@ class TestRender:
 
 OPTION_KEYS = st.sampled_from(["c", "ctx-size", "temp", "no-warmup", "jinja", "n-gpu-layers"])
 SAFE = st.text(alphabet="abcXYZ019./_-:", min_size=1, max_size=12)
+INTS = st.integers(-1, 1 << 20).map(str)
+# Values of each option's type (llama-server's table; a value of another type is refused).
+TYPED = {"c": INTS, "ctx-size": INTS, "temp": st.sampled_from(["0", "0.7", "1.5", "-1"]),
+         "n-gpu-layers": st.one_of(INTS, st.sampled_from(["auto", "all"]))}  # fmt: skip
 
 
 @st.composite
 def preset_defs(draw: st.DrawFn, name: str) -> PresetDef:
-    args = draw(st.dictionaries(OPTION_KEYS, SAFE, max_size=4))
+    keys = draw(st.lists(OPTION_KEYS, unique=True, max_size=4))
+    args = {key: draw(TYPED.get(key, SAFE)) for key in keys}
     return PresetDef(
         name=name,
         model_path=draw(st.one_of(st.just(""), SAFE)),

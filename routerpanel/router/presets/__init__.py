@@ -48,6 +48,7 @@ from routerpanel.router.presets.definition import (
 from routerpanel.router.presets.parse import (
     check_aliases,
     check_option,
+    check_value,
     parse_presets,
     section_to_def,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "check_aliases",
     "check_option",
     "check_server_bin",
+    "check_value",
     "def_to_section",
     "format_duration",
     "format_size",

@@ -98,6 +98,7 @@ def section_to_def(
                 elif found is not None and found.key == "model":
                     model_path = value
                 else:
+                    check_value(found, key, value, section.name)
                     args.append((key, value))
         except ValueError as exc:
             raise ini.IniError(str(exc), entry.line, source) from None
@@ -149,6 +150,17 @@ def check_option(
             )
         )
     return found[0]
+
+
+def check_value(found: options.LlamaOption | None, key: str, value: str, preset: str = "") -> None:
+    """Raise ValueError when ``value`` is not of the option's type (its handler and value hint
+    in llama-server's table): ``n-gpu-layers = lots`` is refused, not passed to the child."""
+    if found is None:
+        return
+    problem = options.value_problem(found, value)
+    if problem:
+        where = f" in preset '{preset}'" if preset else ""
+        raise ValueError(f"{key} = {value!r}{where}: {found.key} {problem}")
 
 
 def _env_name(key: str) -> str:

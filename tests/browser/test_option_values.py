@@ -1,0 +1,66 @@
+"""Option values checked by the option's type (issue 19), in a real browser: ``n-gpu-layers =
+lots`` in the preset form is an error on its row, the error banner takes the focus and links to
+the field; in an INI import it is an error naming its line, and nothing is imported."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tests.browser.conftest import PanelServer, screenshot
+from tests.browser.test_polish import PHONE, Page
+from tests.browser.test_polish import open_page as signed_in
+
+open_page = signed_in  # the fixture: a signed-in admin page, light or dark, at any width
+MESSAGE = "n-gpu-layers = 'lots': n-gpu-layers expects a number of layers, auto or all."
+
+
+def test_a_value_of_the_wrong_type_is_a_field_error_and_the_banner_takes_the_focus(
+    open_page: Callable[..., Page], quiet: PanelServer
+) -> None:
+    page, console = open_page()
+    page.goto(f"{quiet.url}/presets/new/")
+    page.fill("#id_name", "typed-values")
+    page.fill("#id_args-0-key", "n-gpu-layers")
+    page.fill("#id_args-0-value", "lots")
+    page.click("#preset-form button[type=submit]")
+    page.wait_for_selector("#form-errors")
+    assert page.evaluate("document.activeElement.id") == "form-errors"
+    banner = page.locator("#form-errors")
+    assert MESSAGE in banner.inner_text()
+    assert page.locator("tr.row-error").inner_text().strip() == MESSAGE
+    assert page.get_attribute("#id_args-0-value", "aria-invalid") == "true"
+    screenshot(page, "panel-option-value-error.png")
+    banner.locator('a[href="#id_args-0-value"]').click()
+    assert page.evaluate("document.activeElement.id") == "id_args-0-value"
+    page.fill("#id_args-0-value", "auto")
+    page.click("#preset-form button[type=submit]")
+    page.wait_for_selector("h1:has-text('typed-values')")
+    console.assert_clean()
+
+
+def test_the_banner_fits_a_phone(open_page: Callable[..., Page], quiet: PanelServer) -> None:
+    page, console = open_page("dark", width=PHONE)
+    page.goto(f"{quiet.url}/presets/new/")
+    page.fill("#id_name", "typed-phone")
+    page.fill("#id_args-0-key", "ctx-size")
+    page.fill("#id_args-0-value", "8k")
+    page.click("#preset-form button[type=submit]")
+    page.wait_for_selector("#form-errors")
+    assert "ctx-size expects a whole number" in page.locator("#form-errors").inner_text()
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE
+    assert page.evaluate("a11y.lowText()") == []
+    console.assert_clean()
+
+
+def test_an_import_names_the_line_and_imports_nothing(
+    open_page: Callable[..., Page], quiet: PanelServer
+) -> None:
+    page, console = open_page()
+    page.goto(f"{quiet.url}/presets/import/")
+    page.fill("#id_text", "[typed-a]\nctx-size = 4096\n\n[typed-b]\nn-gpu-layers = lots\n")
+    page.click("button[name=preview]")
+    error = page.locator("#import-error")
+    assert "line 5" in error.inner_text()
+    assert "n-gpu-layers expects a number of layers, auto or all" in error.inner_text()
+    assert not {"typed-a", "typed-b"} & set(quiet.models())
+    console.assert_clean()
