@@ -128,6 +128,22 @@ def run_manage(
         stop(process)
 
 
+def manage_beside(server: Server, *args: str) -> str:
+    """Run ``manage.py ARGS`` on ``server``'s data dir while it runs; its stdout (it must
+    succeed)."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**os.environ, "ROUTERPANEL_DATA_DIR": str(server.data_dir)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)

@@ -8,13 +8,10 @@ another user's key is not held back.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tests.serving import ROOT, Server, free_port, run_manage, sim_preset
+from tests.serving import Server, free_port, manage_beside, run_manage, sim_preset
 
 SET_UP = """
 from django.contrib.auth import get_user_model
@@ -30,16 +27,8 @@ print(b)
 
 
 def keys(server: Server) -> list[str]:
-    done = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", SET_UP],
-        cwd=ROOT,
-        env={**os.environ, "ROUTERPANEL_DATA_DIR": str(server.data_dir)},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return [line for line in done.stdout.split() if line.startswith("rp-")]
+    out = manage_beside(server, "shell", "-c", SET_UP)
+    return [line for line in out.split() if line.startswith("rp-")]
 
 
 def test_a_used_up_token_quota_is_429_until_midnight_and_binds_only_its_user(

@@ -8,26 +8,14 @@ limit, and a client that leaves mid-stream gives its slot back.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
-from tests.serving import ROOT, Server, free_port, run_manage, sim_preset, wait_until
+from tests.serving import Server, free_port, manage_beside, run_manage, sim_preset, wait_until
 
 
 def create_key(server: Server, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "manage.py", "create_api_key", "admin", *args],
-        cwd=ROOT,
-        env={**os.environ, "ROUTERPANEL_DATA_DIR": str(server.data_dir)},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+    return manage_beside(server, "create_api_key", "admin", *args).strip()
 
 
 def chat(model: str, tokens: int = 2, stream: bool = False) -> dict[str, object]:
