@@ -7,6 +7,7 @@ one transaction: a bad line anywhere leaves the database exactly as it was.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
@@ -77,7 +78,8 @@ def import_presets(
     actor: str | None = None,
     origin: Origin = Origin(),
 ) -> ImportReport:
-    """Apply a preset file; raise ``ini.IniError`` (naming the line) and change nothing on error.
+    """Apply a preset file; raise ``ini.IniError`` (naming the line; ``ini.IniErrors`` with
+    every bad line when there are several) and change nothing on error.
 
     ``replace`` deletes presets the file does not name. The ``[*]`` section replaces the stored
     global options when the file has one (and clears them under ``replace``). Every change is
@@ -94,7 +96,15 @@ def import_presets(
     actor = actor or (audit.actor_of(user) if user is not None else "cli")
     try:
         with transaction.atomic():
-            _apply(parsed, report, replace=replace, user=user, source=source, actor=actor)
+            _apply(
+                parsed,
+                report,
+                replace=replace,
+                user=user,
+                source=source,
+                actor=actor,
+                keep_aliases=not origin.owns,
+            )
             _claim(parsed, report, origin, actor)
             if dry_run:
                 raise _DryRun
@@ -111,12 +121,18 @@ def _apply(
     user: object | None,
     source: str,
     actor: str,
+    keep_aliases: bool,
 ) -> None:
     # [*] first: each preset's options are checked against the program [*] names (server-bin).
     _apply_global(parsed, report, replace=replace, actor=actor)
     existing = {p.name: p for p in Preset.objects.select_for_update()}
+    errors: list[ini.IniError] = []  # every preset the database refuses, reported at once
     for definition in parsed.presets:
         row = existing.get(definition.name)
+        if row is not None and keep_aliases and definition.name not in parsed.aliased:
+            # Aliases set in the panel stay when the file names none (an empty ``alias =``
+            # clears them); a preset file that owns its presets is their whole truth.
+            definition = dataclasses.replace(definition, aliases=tuple(row.aliases))
         if row is not None and row.to_def() == definition:
             report.unchanged.append(definition.name)
             continue
@@ -129,11 +145,16 @@ def _apply(
         row.apply_def(definition)
         if user is not None:
             row.updated_by = user
-        _full_clean(row, source, parsed.lines.get(definition.name, 0))
+        try:
+            _full_clean(row, source, parsed.lines.get(definition.name, 0))
+        except ini.IniError as exc:
+            errors.append(exc)
+            continue
         row.save()
         if before is not None:
             report.changes[definition.name] = audit.diff(before, audit.preset_state(row))
         audit.record_preset_change(before, row, actor)
+    ini.raise_all(errors)  # inside the transaction: nothing of the file is kept
     if replace:
         named = {d.name for d in parsed.presets}
         for name, row in existing.items():

@@ -226,8 +226,8 @@ def preset_import(request: HttpRequest) -> HttpResponse:
         try:
             report = _import(request, text, replace=replace, apply=apply)
         except ini.IniError as exc:
-            context["error"] = exc
-            context["lines"] = _numbered(text, exc.line)
+            context["errors"] = getattr(exc, "errors", [exc])
+            context["lines"] = _numbered(text, {e.line for e in context["errors"]})
             return render(request, "panel/presets/import.html", context)
         if apply:
             reload: ReloadCall = {"type": "router.reload", "actor": audit.actor_of(request.user)}
@@ -275,10 +275,20 @@ def _import(
     )
 
 
-def _numbered(text: str, bad: int) -> list[dict[str, Any]]:
+def _numbered(text: str, bad: set[int]) -> list[dict[str, Any]]:
+    """The lines around each bad line (three before, two after; the first eight when no error
+    names a line), with a gap row (``"n": None``) where lines are left out."""
     lines = text.splitlines()
-    start, end = max(0, bad - 4), min(len(lines), bad + 3) if bad else min(len(lines), 8)
-    return [{"n": n + 1, "text": lines[n], "bad": n + 1 == bad} for n in range(start, end)]
+    shown = sorted(
+        {n for b in bad if b for n in range(max(1, b - 3), min(len(lines), b + 2) + 1)}
+        or range(1, min(len(lines), 8) + 1)
+    )
+    rows: list[dict[str, Any]] = []
+    for n in shown:
+        if rows and rows[-1]["n"] != n - 1:
+            rows.append({"n": None, "text": "…", "bad": False})
+        rows.append({"n": n, "text": lines[n - 1], "bad": n in bad})
+    return rows
 
 
 @require_GET

@@ -55,6 +55,29 @@ class IniError(ValueError):
         super().__init__(f"{where}: {message}")
 
 
+class IniErrors(IniError):
+    """Every error found in one file, in line order; reads as the first one (``line``,
+    ``message``) so callers that show one error still can, and ``str()`` names them all."""
+
+    def __init__(self, errors: list[IniError]) -> None:
+        self.errors = errors
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        super().__init__(first.message + more, first.line, first.source)
+
+    def __str__(self) -> str:
+        return "\n".join(str(e) for e in self.errors)
+
+
+def raise_all(errors: list[IniError]) -> None:
+    """Raise what ``errors`` holds: nothing, the one error, or all of them as ``IniErrors``."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        flat = [one for e in errors for one in (e.errors if isinstance(e, IniErrors) else [e])]
+        raise IniErrors(sorted(flat, key=lambda e: e.line))
+
+
 @dataclass(frozen=True)
 class IniWarning:
     line: int
@@ -133,8 +156,12 @@ def decode(data: bytes, source: str = "<preset>") -> str:
         raise IniError("not valid UTF-8", line, source) from None
 
 
-def parse(text: str | bytes, source: str = "<preset>") -> IniDocument:
-    """Parse a preset file; raise ``IniError`` naming the first bad line."""
+def parse(
+    text: str | bytes, source: str = "<preset>", errors: list[IniError] | None = None
+) -> IniDocument:
+    """Parse a preset file; raise ``IniError`` naming the bad line (``IniErrors``: every bad
+    line, when there are several). With ``errors`` given, bad lines are added to it instead
+    and the document of the good lines is returned, so a caller can check those too."""
     if isinstance(text, bytes):
         text = decode(text, source)
     elif text.startswith("\ufeff"):
@@ -143,13 +170,21 @@ def parse(text: str | bytes, source: str = "<preset>") -> IniDocument:
     by_raw: dict[str, Section] = {}
     current = Section(DEFAULT_SECTION, DEFAULT_SECTION, 0)
     by_raw[DEFAULT_SECTION] = current
+    found: list[IniError] = [] if errors is None else errors
     for number, line in enumerate(_NEWLINE.split(text), start=1):
         if _BLANK.fullmatch(line) or _COMMENT.fullmatch(line):
             continue
-        if line.startswith("["):
-            current = _open_section(line, number, source, by_raw, doc)
-        else:
-            _read_entry(line, number, source, current, doc)
+        try:
+            if line.startswith("["):
+                current = _open_section(line, number, source, by_raw, doc)
+            else:
+                _read_entry(line, number, source, current, doc)
+        except IniError as exc:
+            found.append(exc)
+            if line.startswith("["):  # the keys under a bad header belong to no section
+                current = Section(line, line, number)
+    if errors is None:
+        raise_all(found)
     doc.sections = _finish_sections(by_raw, doc)
     return doc
 

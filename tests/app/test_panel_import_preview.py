@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
@@ -30,9 +32,7 @@ def test_each_changed_field_shows_before_and_after(
     table = table[: table.index("</table>")]
     model_file = '<th scope="row">Model file</th><td class="before">/m/a.gguf</td>'
     assert f'{model_file}<td class="after">/m/b.gguf</td>' in table
-    assert (
-        '<th scope="row">Aliases</th><td class="before">fast</td><td class="after">—</td>' in table
-    )
+    assert '<th scope="row">Aliases</th>' not in table  # the file names none: the panel's stay
     star = text[text.index('data-preset="[*]"') :]
     assert '<td class="before">—</td><td class="after">ctx-size = 4096</td>' in star
 
@@ -59,3 +59,38 @@ def test_an_uploaded_file_stays_after_preview(
     text = response.content.decode()
     form = text[text.index('id="import-form"') :]
     assert "[kept]\nmodel = /m/k.gguf" in form  # in the text box, ready to fix and preview again
+
+
+def test_an_empty_alias_key_clears_the_panels_aliases_and_says_so(
+    admin_client: Client, panel_router: RouterStub
+) -> None:
+    Preset.objects.create(name="ux-test", model_path="/m/a.gguf", aliases=["fast"])
+    text = preview(admin_client, "[ux-test]\nmodel = /m/a.gguf\nalias =\n")
+    assert (
+        '<th scope="row">Aliases</th><td class="before">fast</td><td class="after">—</td>' in text
+    )
+
+
+def test_every_error_of_the_file_is_listed_at_once(
+    admin_client: Client, panel_router: RouterStub
+) -> None:
+    lines = [
+        "[good]",  # 1
+        "model = /m/g.gguf",  # 2
+        "[broken",  # 3: no closing bracket
+        "model = /m/b.gguf",  # 4
+        "[typed]",  # 5
+        "model = /m/t.gguf",  # 6
+        "n-gpu-layers = lots",  # 7: not a number
+        "no-such-option = 1",  # 8: unknown
+        "  indented = 1",  # 9: indented
+    ]
+    text = preview(admin_client, "\n".join(lines) + "\n")
+    box = text[text.index('id="import-error"') :]
+    box = box[: box.index("</section>")]
+    assert "The file has 4 errors" in box
+    found = [int(n) for n in re.findall(r"<strong>Line (\d+):</strong>", box)]
+    assert found == [3, 7, 8, 9]
+    assert "lots" in box and "no-such-option" in box and "column 0" in box
+    assert box.count('class="bad"') == 4  # each bad line marked in the listing
+    assert not Preset.objects.exists()

@@ -93,6 +93,37 @@ class TestImport:
         assert snapshot() == before
         assert RouterSettings.load().global_args == settings_before
 
+    def test_every_bad_line_is_named_at_once(self, ini_file: Path) -> None:
+        broken = FILE.replace("jinja = true", "n-gpu-layers = lots").replace(
+            "ttl = 600", "tl = 600"
+        )
+        ini_file.write_text(broken + "[new]\n  c = 1\n")
+        with pytest.raises(CommandError) as caught:
+            run("import_presets", str(ini_file))
+        message = str(caught.value)
+        named = [line.split(": ", 1)[0] for line in message.splitlines()[:-1]]
+        assert named == [f"{ini_file}:{n}" for n in (8, 17, 20)], message
+        assert "Nothing was imported." in message and not Preset.objects.exists()
+
+    def test_aliases_set_in_the_panel_stay_when_the_file_names_none(self) -> None:
+        Preset.objects.create(name="a", model_path="/m/a.gguf", aliases=["fast"])
+        report = import_presets("[a]\nmodel = /m/a.gguf\n")
+        assert report.unchanged == ["a"]
+        import_presets("[a]\nmodel = /m/a2.gguf\n")
+        assert Preset.objects.get(name="a").aliases == ["fast"]
+        import_presets("[a]\nmodel = /m/a2.gguf\nalias = quick\n")
+        assert Preset.objects.get(name="a").aliases == ["quick"]
+        import_presets("[a]\nmodel = /m/a2.gguf\nalias =\n")  # empty: cleared on purpose
+        assert Preset.objects.get(name="a").aliases == []
+
+    def test_the_models_preset_file_is_the_whole_truth_for_aliases(self, ini_file: Path) -> None:
+        from models_app import sources
+
+        sources.import_preset_file(str(ini_file), io.StringIO())
+        ini_file.write_text(FILE.replace("alias = gemma,g3\n", ""))
+        assert sources.reimport_preset_file(str(ini_file)) is True
+        assert Preset.objects.get(name="org/gemma-GGUF:Q4_K_M").aliases == []
+
     def test_a_preset_the_database_rejects_rolls_back_the_earlier_ones(self) -> None:
         text = "[a]\nc = 1\n[b]\nc = 2\n[z]\nmodel = /x.gguf\nstop-timeout = 1\n"
         Preset.objects.create(name="other", aliases=["z"])

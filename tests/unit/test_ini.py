@@ -218,3 +218,22 @@ def test_render_of_a_parsed_file_parses_to_the_same_sections(
     first = ini.parse(newline.join(lines))
     again = ini.parse(ini.render(first))
     assert shape(again) == shape(first)
+
+
+def test_every_bad_line_is_reported_and_keys_under_a_bad_header_are_dropped() -> None:
+    text = "[a]\nx = 1\n[b\ny = 2\n  z = 3\n[c]\nnot a key\nw = 4\n"
+    with pytest.raises(ini.IniErrors) as caught:
+        ini.parse(text, "f.ini")
+    assert [e.line for e in caught.value.errors] == [3, 5, 7]
+    assert caught.value.line == 3 and caught.value.message.endswith("(and 2 more)")
+    assert str(caught.value).splitlines()[1].startswith("f.ini:5: keys and section headers")
+    errors: list[ini.IniError] = []
+    doc = ini.parse(text, "f.ini", errors)
+    assert len(errors) == 3
+    assert {s.name: s.pairs() for s in doc.sections} == {"a": [("x", "1")], "c": [("w", "4")]}
+
+
+def test_one_bad_line_raises_a_plain_error() -> None:
+    with pytest.raises(ini.IniError) as caught:
+        ini.parse("[a]\n  x = 1\n")
+    assert type(caught.value) is ini.IniError and caught.value.line == 2

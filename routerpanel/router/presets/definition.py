@@ -79,6 +79,8 @@ class ParsedPresets:
     presets: list[PresetDef]
     warnings: list[ini.IniWarning] = field(default_factory=list)
     lines: dict[str, int] = field(default_factory=dict)
+    # the presets whose section names their aliases (an ``alias`` key, even an empty one)
+    aliased: frozenset[str] = frozenset()
 
 
 def builtin_only(default_bin: str = DEFAULT_PROGRAM) -> Resolver:

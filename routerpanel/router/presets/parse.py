@@ -38,27 +38,42 @@ def parse_presets(
     default_bin: str = DEFAULT_PROGRAM,
     options_for: Resolver | None = None,
 ) -> ParsedPresets:
-    """Parse and check a whole preset file; raise ``ini.IniError`` naming the first bad line.
+    """Parse and check a whole preset file; raise ``ini.IniError`` naming the bad line, or
+    ``ini.IniErrors`` naming every bad line when there are several.
 
     Each section's llama-server options are checked against ``options_for(program)``, the
     program being the section's ``server-bin``, else ``[*]``'s, else ``default_bin``.
     """
     resolve = options_for or builtin_only(default_bin)
-    doc = ini.parse(text, source)
+    errors: list[ini.IniError] = []  # every bad line, syntax and meaning, reported at once
+    doc = ini.parse(text, source, errors)
     warnings = list(doc.warnings)
     global_section = doc.global_section
     global_def = None
     global_bin = _declared_bin(global_section)
     if global_section is not None:
         catalogue = resolve(global_bin or default_bin)
-        global_def = section_to_def(global_section, source, warnings, catalogue)
-    presets = []
+        global_def = section_to_def(global_section, source, warnings, catalogue, errors)
+    presets, aliased = [], set()
     for section in doc.model_sections:
         program = _declared_bin(section) or global_bin or default_bin
-        presets.append(section_to_def(section, source, warnings, resolve(program)))
+        presets.append(section_to_def(section, source, warnings, resolve(program), errors))
+        if _names_aliases(section):
+            aliased.add(section.name)
+    ini.raise_all(errors)
     check_aliases(presets, source)
     lines = {s.name: s.line for s in doc.model_sections}
-    return ParsedPresets(global_def, presets, warnings, lines)
+    return ParsedPresets(global_def, presets, warnings, lines, frozenset(aliased))
+
+
+def _names_aliases(section: ini.Section) -> bool:
+    """Whether the section has an ``alias`` key (any of llama-server's spellings of it)."""
+    table = options.builtin()
+    for entry in section.entries:
+        found = table.lookup(entry.key)
+        if found is not None and found[0].key == "alias":
+            return True
+    return False
 
 
 def _declared_bin(section: ini.Section | None) -> str:
@@ -75,8 +90,12 @@ def section_to_def(
     source: str,
     warnings: list[ini.IniWarning] | None = None,
     catalogue: options.Catalogue | None = None,
+    errors: list[ini.IniError] | None = None,
 ) -> PresetDef:
-    """Check each key of ``section`` against ``catalogue`` (default: b11434) into a PresetDef."""
+    """Check each key of ``section`` against ``catalogue`` (default: b11434) into a PresetDef.
+
+    A bad key raises ``ini.IniError``; with ``errors`` given, each bad key is added to it
+    instead and the rest of the section is still checked."""
     sink = warnings if warnings is not None else []
     known = catalogue or options.builtin()
     fields: dict[str, object] = {}
@@ -101,7 +120,9 @@ def section_to_def(
                     check_value(found, key, value, section.name)
                     args.append((key, value))
         except ValueError as exc:
-            raise ini.IniError(str(exc), entry.line, source) from None
+            if errors is None:
+                raise ini.IniError(str(exc), entry.line, source) from None
+            errors.append(ini.IniError(str(exc), entry.line, source))
     return PresetDef(
         name=section.name,
         aliases=aliases,
