@@ -406,7 +406,11 @@ class AuditMapper:
                 trigger_request=waiter.get("request_id") or "",
                 queue_depth=d.get("depth"),
                 memory_before=self._used(),
-                reason=f"queued at position {first['position']} until a slot is free",
+                reason=(
+                    "loading at once: a slot was free"
+                    if first.get("starting")
+                    else f"queued at position {first['position']} until a slot is free"
+                ),
                 details={
                     "ticket": first["ticket"],
                     "position": first["position"],

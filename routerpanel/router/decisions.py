@@ -18,6 +18,7 @@ from routerpanel.router.config import PresetSpec
 from routerpanel.router.states import ApiStatus, ModelState, api_failed, api_status
 
 SCHEDULER_ACTOR = "scheduler"
+ROUTER_ACTOR = "router"  # the router itself, e.g. stopping its children at shutdown
 
 
 class RequestKind(StrEnum):

@@ -298,7 +298,7 @@ class Engine(Inbox):
             return
         self._closing = True  # no new callers from here on (the loop sets it too)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self._call(commands.Shutdown("shutdown", done), done)
+        await self._call(commands.Shutdown(decisions.ROUTER_ACTOR, done), done)
         timeouts = [s.stop_timeout for s in (*self._specs.values(), *self._retired.values())]
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(timeouts, default=0.0) + SHUTDOWN_GRACE):

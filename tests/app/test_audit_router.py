@@ -207,6 +207,8 @@ class TestLoads:
         assert (loading.model, loading.from_state, loading.to_state) == ("a", "unloaded", "loading")
         assert (loading.actor, loading.trigger_request) == ("key:carol/ci", "r-1")
         assert ready.actor == "key:carol/ci" and ready.load_seconds == 0.25
+        (asked,) = await rig.rows(AuditKind.LOAD_REQUESTED)
+        assert asked.reason == "loading at once: a slot was free"
 
     async def test_a_request_queued_behind_a_busy_router_is_a_load_request(self, rig: Rig) -> None:
         await rig.warm("a")
@@ -216,6 +218,7 @@ class TestLoads:
         (row,) = await rig.rows(AuditKind.LOAD_REQUESTED)
         assert row.model == "b" and row.queue_depth == 1 and row.details["position"] == 1
         assert row.actor == "user:y" and row.trigger_request  # who queued it, and which request
+        assert row.reason == "queued at position 1 until a slot is free"
         rig.engine.release(lease.lease_id)
         await rig.idle()
 
@@ -297,6 +300,7 @@ class TestUnloads:
         await asyncio.wait_for(shutdown, 10)
         (row,) = await rig.rows(AuditKind.SHUTDOWN)
         assert row.model == "a" and row.stop_seconds == 0.4
+        assert (row.actor, row.reason) == ("router", "the router is shutting down")
 
 
 class TestFailures:
