@@ -17,6 +17,7 @@
   const { RUNNING, STOPPABLE } = STATES;
   const FEED_ROWS = 12;
   const MAX_POINTS = 3600;
+  const MIN_SPAN = 120; // seconds the live memory charts span at least
 
   const canOperate = root.dataset.canOperate === "1";
   const models = new Map(); // name -> snapshot row (kept current by events)
@@ -694,7 +695,9 @@
         height: this.height,
         cursor: { sync: { key: "memory" }, drag: { x: false, y: false } },
         scales: {
-          x: { time: true, range: (u, min, max) => this.span || [min, max] },
+          // The live hour follows the data, but spans two minutes at least: a few seconds of
+          // samples would otherwise tick at ":31.500".
+          x: { time: true, range: (u, min, max) => this.span || [Math.min(min, max - MIN_SPAN), max] },
           y: {
             range: (u, min, max) => {
               step = niceStep(max * 1.02);

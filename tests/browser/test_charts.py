@@ -82,3 +82,25 @@ def test_an_empty_range_says_so_instead_of_drawing_an_axis(
     assert page.inner_text("#memchart-models") == "No model was running in this range."
     assert axis(page, "system")["x"] == body["window"]
     console.assert_clean()
+
+
+def test_a_few_seconds_of_live_samples_span_two_minutes_with_whole_second_ticks(
+    open_page: Callable[..., Page], quiet: PanelServer
+) -> None:
+    page, console = open_page()
+    page.wait_for_function("window.panelChart && window.panelChart.range === '1h'")
+    now = time.time()
+    ticks = page.evaluate(
+        """async (now) => {
+          const c = window.panelChart;
+          c.load({ time: [now - 2, now - 1, now], used: [2e9, 2e9, 2e9], available: [9e9, 9e9, 9e9],
+                   swap_used: [0, 0, 0], wired: [0, 0, 0], models: {} });
+          await new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)));
+          const u = c.system.uplot;
+          return { x: [u.scales.x.min, u.scales.x.max], values: u.axes[0]._values };
+        }""",
+        now,
+    )
+    assert ticks["x"] == [now - 120, now]  # two minutes, ending at the newest sample
+    assert ticks["values"] and not any("." in v for v in ticks["values"]), ticks["values"]
+    console.assert_clean()
