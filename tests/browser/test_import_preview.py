@@ -60,3 +60,28 @@ def test_the_preview_fits_a_phone(open_page: Callable[..., Page], quiet: PanelSe
     page.wait_for_selector('table[data-preset="demo-medium"]')
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE
     console.assert_clean()
+
+
+def test_every_error_of_a_file_is_listed_at_once_and_the_text_stays(
+    open_page: Callable[..., Page], quiet: PanelServer
+) -> None:
+    page, console = open_page("dark", width=PHONE)
+    text = (
+        "[demo-typo]\nmodel = /m/t.gguf\nn-gpu-layers = lots\n"  # line 3: not a number
+        "[broken\n"  # line 4: no closing bracket
+        "[demo-other]\nmodel = /m/o.gguf\nno-such-option = 1\n"  # line 7: unknown option
+    )
+    page.goto(f"{quiet.url}/presets/import/")
+    page.fill("#id_text", text)
+    page.click("button[name=preview]")
+    box = page.locator("#import-error")
+    assert box.locator("h2").inner_text() == "The file has 3 errors"
+    items = box.locator(".import-errors li").all_inner_texts()
+    assert [i.split(":", 1)[0] for i in items] == ["Line 3", "Line 4", "Line 7"]
+    assert box.locator(".ini-lines li.bad").count() == 3
+    assert page.input_value("#id_text") == text  # ready to fix and preview again
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE
+    assert page.evaluate("a11y.lowText()") == []
+    SHOTS.mkdir(exist_ok=True)
+    box.screenshot(path=str(SHOTS / "panel-import-errors.png"))
+    console.assert_clean()
