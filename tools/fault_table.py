@@ -31,6 +31,20 @@ def burst(d: dict[str, Any]) -> Row:
             f"all answered in {_s(d['seconds'])}", NOT_MEASURED)  # fmt: skip
 
 
+def fair_burst(d: dict[str, Any]) -> Row:
+    answers = ", ".join(f"{n} × {s}" for s, n in sorted(d["statuses"].items()))
+    return (f"{answers}; peak {d['peak_children']} children",
+            f"all answered in {_s(d['seconds'])}", NOT_MEASURED)  # fmt: skip
+
+
+def rpm_burst(d: dict[str, Any]) -> Row:
+    heavy = ", ".join(f"{n} × {s}" for s, n in sorted(d["heavy"].items()))
+    light = ", ".join(f"{n} × {s}" for s, n in sorted(d["light"].items()))
+    return (f"the key: {heavy} (quota {d['quota']} a minute; each 429 names it, with "
+            f"`Retry-After`); the other user: {light}",
+            f"all answered in {_s(d['seconds'])}", NOT_MEASURED)  # fmt: skip
+
+
 def hung_stream(d: dict[str, Any]) -> Row:
     return ("the stream ends with an SSE `error` event (503, \"stopped responding\"); a request "
             "queued for another model is served", f"slot free, other model served "
@@ -108,6 +122,10 @@ def database(d: dict[str, Any]) -> Row:
 
 RENDER: dict[str, tuple[str, Callable[[dict[str, Any]], Row]]] = {
     "burst": ("300 concurrent requests, 3 models, models_max 2 (bench: 1,000)", burst),
+    "fair share burst": ("300 concurrent requests of 3 owners, `--queue-policy fair`, "
+                         "3 models, models_max 2", fair_burst),
+    "rpm quota burst": ("a key with a requests-per-minute quota fires 120 at once, beside "
+                        "another user's 60", rpm_burst),
     "hung child (SIGSTOP mid-stream)": ("a child hangs mid-stream (SIGSTOP)", hung_stream),
     "hung child (SIGSTOP, non-streamed)": ("a child hangs, non-streamed request", hung_plain),
     "long prompt, no output for 5 s (hang-timeout 1 s)": (
