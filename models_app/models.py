@@ -629,17 +629,20 @@ class Quota(models.Model):
 
     @property
     def subject(self) -> str:
-        """``user alice`` or ``key alice/laptop``: whom the quota binds."""
-        if self.key_id is None:
+        """``user alice`` or ``API key alice/laptop``: whom the quota binds, in the words of the
+        429 that enforces it (``api.quotas.Limit.subject``)."""
+        if self.key is None:
             return f"user {self.user.get_username()}"
-        return f"key {self.user.get_username()}/{self.key.name if self.key else ''}"
+        return f"API key {self.user.get_username()}/{self.key.name}"
 
     def limits_text(self) -> str:
+        from models_app.api.quotas import counted
+
         parts = []
         if self.tokens_per_day:
-            parts.append(f"{self.tokens_per_day:,} tokens per day")
+            parts.append(f"{counted(self.tokens_per_day, 'token')} per day")
         if self.requests_per_minute:
-            parts.append(f"{self.requests_per_minute:,} requests per minute")
+            parts.append(f"{counted(self.requests_per_minute, 'request')} per minute")
         return ", ".join(parts) or "no limit"
 
 

@@ -58,6 +58,11 @@ class Limit:
         return self.kind, self.label
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 request``, ``2,000 requests``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def day_start(now: float) -> datetime:
     """The start of the UTC day ``now`` (epoch seconds) falls in."""
     return datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -144,8 +149,8 @@ class QuotaBook:
             wait = max(1, math.ceil(window[0] + WINDOW - now))
             self._refuse(
                 caller, model, request, wait,
-                f"{limit.subject} is over its quota of {limit.requests_per_minute:,} requests "
-                f"per minute; retry in {wait} s",
+                f"{limit.subject} is over its quota of "
+                f"{counted(limit.requests_per_minute, 'request')} per minute; retry in {wait} s",
             )  # fmt: skip
 
     def _check_tokens(
@@ -159,7 +164,8 @@ class QuotaBook:
             wait = max(1, math.ceil((self._day + timedelta(days=1)).timestamp() - now))
             self._refuse(
                 caller, model, request, wait,
-                f"{limit.subject} is over its quota of {limit.tokens_per_day:,} tokens per day "
+                f"{limit.subject} is over its quota of "
+                f"{counted(limit.tokens_per_day, 'token')} per day "
                 f"({used:,} used today); it resets at 00:00 UTC, in {wait} s",
             )  # fmt: skip
 

@@ -120,7 +120,7 @@ def quota_set(request: HttpRequest) -> HttpResponse:
             quota = quota or Quota(user=user, key=key)
             quota.tokens_per_day, quota.requests_per_minute = tokens, rate
             quota.save()
-        subject = f"user {user.get_username()}" if key is None else f"key {key.actor[4:]}"
+        subject = Quota(user=user, key=key).subject
         changes = audit.diff(before, _state(quota))
         if changes:
             AuditEvent.objects.record(

@@ -201,7 +201,7 @@ class TestThroughTheApi:
         assert second.json() == {
             "error": {
                 "code": 429,
-                "message": "API key bob/batch is over its quota of 1 requests per minute; "
+                "message": "API key bob/batch is over its quota of 1 request per minute; "
                 "retry in 60 s",
                 "type": "rate_limit_error",
             }
@@ -257,7 +257,7 @@ class TestPanel:
             prompt_tokens=90, completion_tokens=30,
         )  # fmt: skip
         page = viewer_client.get("/usage/").content.decode()
-        assert "key vera/laptop" in page and "user otto" not in page  # only what binds vera
+        assert "API key vera/laptop" in page and "user otto" not in page  # only what binds vera
         assert "120" in page and "used up" in page
         assert 'id="quota-form"' not in page  # only admins set quotas
         assert (
