@@ -4,6 +4,7 @@ that does not parse is an error banner that takes the focus, not an empty list."
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from tests.browser.conftest import PanelServer, screenshot
@@ -48,4 +49,21 @@ def test_an_invalid_since_is_an_error_and_the_model_filter_a_picker(
     assert page.inner_text("#audit-table tbody") == "Fix the filter above to see events."
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE
     assert page.evaluate("a11y.lowText()") == []
+    console.assert_clean()
+
+
+def test_a_load_that_started_at_once_is_not_said_to_have_queued(
+    open_page: Callable[..., Page], quiet: PanelServer
+) -> None:
+    page, console = open_page()
+    chat = {"model": "demo-small", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert quiet.post("/v1/chat/completions", chat)[0] == 200  # both slots were free
+    reasons = page.locator("#audit-table tbody td[data-label=Reason]")
+    deadline = time.monotonic() + 15  # the audit writer stores rows in batches
+    while not (page.goto(f"{quiet.url}/audit/?kind=load_requested&model=demo-small") and
+               reasons.count()):  # fmt: skip
+        assert time.monotonic() < deadline, "no load_requested row for demo-small"
+        time.sleep(0.3)
+    reason = reasons.first.inner_text()
+    assert reason == "loading at once: a slot was free"
     console.assert_clean()
