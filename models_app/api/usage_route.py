@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
 from models_app import usage
 from models_app.api.errors import ApiError
+from models_app.db import own_connection
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,6 @@ async def usage_summary(api: Api, request: Request) -> None:
     )
 
 
-def _summary(actor: str, by: str, since: datetime, until: datetime | None) -> list[dict]:  # type: ignore[type-arg]
-    from models_app.db import own_connection
-
-    @own_connection
-    def run() -> list[dict]:  # type: ignore[type-arg]
-        return usage.summary(by, since, until, own_rows_only(actor))
-
-    return run()
+@own_connection
+def _summary(actor: str, by: str, since: datetime, until: datetime | None) -> list[dict[str, Any]]:
+    return usage.summary(by, since, until, own_rows_only(actor))
