@@ -5,6 +5,7 @@ the field; in an INI import it is an error naming its line, and nothing is impor
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from tests.browser.conftest import PanelServer, screenshot
 from tests.browser.test_polish import PHONE, Page
@@ -14,16 +15,21 @@ open_page = signed_in  # the fixture: a signed-in admin page, light or dark, at 
 MESSAGE = "n-gpu-layers = 'lots': n-gpu-layers expects a number of layers, auto or all."
 
 
+def submit_new_preset(page: Any, url: str, name: str, key: str, value: str) -> None:
+    """Fill the new-preset form with one option row and submit it; wait for its errors."""
+    page.goto(f"{url}/presets/new/")
+    page.fill("#id_name", name)
+    page.fill("#id_args-0-key", key)
+    page.fill("#id_args-0-value", value)
+    page.click("#preset-form button[type=submit]")
+    page.wait_for_selector("#form-errors")
+
+
 def test_a_value_of_the_wrong_type_is_a_field_error_and_the_banner_takes_the_focus(
     open_page: Callable[..., Page], quiet: PanelServer
 ) -> None:
     page, console = open_page()
-    page.goto(f"{quiet.url}/presets/new/")
-    page.fill("#id_name", "typed-values")
-    page.fill("#id_args-0-key", "n-gpu-layers")
-    page.fill("#id_args-0-value", "lots")
-    page.click("#preset-form button[type=submit]")
-    page.wait_for_selector("#form-errors")
+    submit_new_preset(page, quiet.url, "typed-values", "n-gpu-layers", "lots")
     assert page.evaluate("document.activeElement.id") == "form-errors"
     banner = page.locator("#form-errors")
     assert MESSAGE in banner.inner_text()
@@ -40,12 +46,7 @@ def test_a_value_of_the_wrong_type_is_a_field_error_and_the_banner_takes_the_foc
 
 def test_the_banner_fits_a_phone(open_page: Callable[..., Page], quiet: PanelServer) -> None:
     page, console = open_page("dark", width=PHONE)
-    page.goto(f"{quiet.url}/presets/new/")
-    page.fill("#id_name", "typed-phone")
-    page.fill("#id_args-0-key", "ctx-size")
-    page.fill("#id_args-0-value", "8k")
-    page.click("#preset-form button[type=submit]")
-    page.wait_for_selector("#form-errors")
+    submit_new_preset(page, quiet.url, "typed-phone", "ctx-size", "8k")
     assert "ctx-size expects a whole number" in page.locator("#form-errors").inner_text()
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE
     assert page.evaluate("a11y.lowText()") == []
