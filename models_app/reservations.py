@@ -44,7 +44,8 @@ def active(now: datetime) -> QuerySet[Reservation]:
 def overlapping(model: str, starts_at: datetime, ends_at: datetime) -> Reservation | None:
     """The first booking of ``model`` whose window overlaps ``starts_at``..``ends_at``."""
     rows = Reservation.objects.filter(model=model, starts_at__lt=ends_at, ends_at__gt=starts_at)
-    return rows.select_related("user", "group").order_by("starts_at").first()
+    first: Reservation | None = rows.select_related("user", "group").order_by("starts_at").first()
+    return first
 
 
 def owners(reservation: Reservation) -> set[str]:
