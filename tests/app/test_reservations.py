@@ -17,6 +17,7 @@ from models_app.bridge import RouterRejected, router_unavailable
 from models_app.models import AuditEvent, AuditKind, Preset, Reservation
 
 pytest_plugins = ("tests.support.panel",)
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("presets")]
 
 
 class RouterStub:
@@ -71,8 +72,6 @@ def book(model: str, start: datetime, end: datetime, **who: Any) -> Reservation:
     )
 
 
-@pytest.mark.django_db
-@pytest.mark.usefixtures("presets")
 class TestBooking:
     def tomorrow(self, hour: int) -> datetime:
         day = timezone.localdate() + timedelta(days=1)
@@ -182,8 +181,6 @@ class TestBooking:
         assert not Reservation.objects.exists()
 
 
-@pytest.mark.django_db
-@pytest.mark.usefixtures("presets")
 class TestCalendar:
     def test_the_week_has_seven_days_today_marked_and_links_to_the_weeks_around(
         self, viewer_client: Any, viewer: Any
@@ -230,8 +227,6 @@ class TestCalendar:
         assert page.count("reserved for ") == 1  # small is not reserved
 
 
-@pytest.mark.django_db
-@pytest.mark.usefixtures("presets")
 class TestTick:
     def test_it_hands_over_the_open_bookings_with_the_groups_active_members(
         self, workshop: Group, admin: Any
