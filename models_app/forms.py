@@ -489,6 +489,7 @@ class ReservationForm(forms.Form):
         users = get_user_model().objects.filter(is_active=True).order_by("username")
         groups = Group.objects.order_by("name")
         self.fields["subject"].choices = [
+            ("", "— a user or a group —"),
             ("Groups", [(f"group:{g.pk}", f"group {g.name}") for g in groups]),
             ("Users", [(f"user:{u.pk}", f"user {u.get_username()}") for u in users]),
         ]

@@ -125,6 +125,7 @@ class TestBooking:
             ({"past": True}, "ends_at", "This window is already over: book a time to come."),
             ({"model": "nope"}, "model", "Unknown model nope: it is not a preset."),
             ({"starts_at": "tuesday"}, "starts_at", "Enter a valid date/time."),
+            ({"subject": ""}, "subject", "This field is required."),
         ],
     )
     def test_bad_windows_and_unknown_models_are_field_errors(
