@@ -1,19 +1,21 @@
 """Reservations through a real ``manage.py serve`` with simulated children (issue 17.6).
 
 ``--models-max 2``, three models, the schedule ticking every second
-(``ROUTERPANEL_RESERVATIONS_TICK_SECONDS=1``, run by the embedded beat). A booking of ``big``
-for the group ``workshop`` whose window is open is written to the database beside the running
-serve, as the panel would: without any request ``big`` is loaded by the next tick. Under
-eviction pressure (``a`` loaded after it, then ``b`` asked for) the victim is ``a``, though
-``big`` was used longest ago: it is pinned. When the window is over (its end moved to now)
-the next tick ends it: ``big`` is evictable again and is the victim of the next load. The
+(``ROUTERPANEL_RESERVATIONS_TICK_SECONDS=1``, run by the embedded beat). An admin books ``big``
+on the panel (the form, with its CSRF token) from this minute on: without any request for it,
+``big`` is loaded (the booking runs the schedule once at commit). Under eviction pressure (``a``
+loaded after it, then ``b`` asked for) the victim is ``a``, though ``big`` was used longest ago:
+it is pinned. When the window is over (its end moved to now in the database) the embedded
+beat's next tick ends it: ``big`` is evictable again and is the victim of the next load. The
 audit log has one ``reservation_started`` and one ``reservation_ended`` row.
 """
 
 from __future__ import annotations
 
+import re
+from contextlib import closing
 import sqlite3
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -22,7 +24,6 @@ from tests.serving import (
     Server,
     alias_of,
     free_port,
-    manage_beside,
     run_manage,
     sim_preset,
     simserver_processes,
@@ -30,20 +31,34 @@ from tests.serving import (
 )
 
 DEADLINE = 20.0  # seconds: a tick is due every second; the machine is small and shared
-SET_UP = """
-from datetime import timedelta
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
-from django.utils import timezone
-from models_app.models import Reservation
-workshop = Group.objects.create(name="workshop")
-get_user_model().objects.create_user("alice").groups.add(workshop)
-now = timezone.now()
-Reservation.objects.create(
-    model="big", group=workshop, starts_at=now - timedelta(minutes=1),
-    ends_at=now + timedelta(hours=1), created_by="user:admin", note="workshop",
-)
-"""
+TOKEN = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
+
+
+def signed_in(server: Server) -> httpx.Client:
+    client = server.client(headers={"Origin": server.url, "Referer": f"{server.url}/"})
+    token = TOKEN.search(client.get("/login/").text)
+    assert token
+    data = {"username": "admin", "password": "test-only-password"}
+    client.post("/login/", data=data | {"csrfmiddlewaretoken": token.group(1)})
+    assert "sessionid" in client.cookies, "sign-in failed"
+    return client
+
+
+def book(panel: httpx.Client, model: str) -> None:
+    """Book ``model`` for the admin from this minute for an hour, through the form (UTC)."""
+    page = panel.get("/reservations/").text
+    token = TOKEN.search(page)
+    admin = re.search(r'<option value="(user:\d+)">user admin</option>', page)
+    assert token and admin, page[:500]
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    fmt = "%Y-%m-%dT%H:%M"
+    data = {
+        "csrfmiddlewaretoken": token.group(1), "model": model, "subject": admin.group(1),
+        "starts_at": now.strftime(fmt), "ends_at": (now + timedelta(hours=1)).strftime(fmt),
+        "note": "process test",
+    }  # fmt: skip
+    done = panel.post("/reservations/new/", data=data)
+    assert done.status_code == 302, done.text[-2000:]
 
 
 def live_models(server: Server, marker: str) -> set[str]:
@@ -80,7 +95,8 @@ def test_a_reserved_model_is_loaded_in_advance_pinned_and_evictable_after_its_wi
     env = {"ROUTERPANEL_RESERVATIONS_TICK_SECONDS": "1"}
     with run_manage(args, tmp_path / "data", port=free_port(), env=env) as server:
         assert live_models(server, marker) == set()
-        manage_beside(server, "shell", "-c", SET_UP)
+        with closing(signed_in(server)) as panel:
+            book(panel, "big")
         wait_until(lambda: live_models(server, marker) == {"big"}, DEADLINE, "big loaded")
         wait_until(lambda: audit_rows(server, "reservation_started"), DEADLINE, "started row")
         with server.client() as client:
@@ -96,5 +112,5 @@ def test_a_reserved_model_is_loaded_in_advance_pinned_and_evictable_after_its_wi
         (ended,) = audit_rows(server, "reservation_ended")
         for model, actor, reason in (started, ended):
             assert (model, actor) == ("big", "user:admin")
-            assert "for group workshop" in reason and "booked by user:admin" in reason
+            assert "for user admin" in reason and "booked by user:admin" in reason
         assert "window over" in ended[2]
