@@ -13,8 +13,8 @@ audit log has one ``reservation_started`` and one ``reservation_ended`` row.
 from __future__ import annotations
 
 import re
-from contextlib import closing
 import sqlite3
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
