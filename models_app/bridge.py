@@ -36,6 +36,7 @@ one that wants an answer ``request_id``, ``reply_channel`` and ``boot``::
     router.load {model, actor}          router.unload {model, actor}
     router.cancel_queued {actor, model | queued_request}
     router.reload {actor, sources?}     router.settings {actor}     router.lease {lease_id}
+    router.reservations {actor, reservations: {model: [owner, ...]}}
     router.snapshot   router.ready   router.memory   router.metrics   router.logs {model}
 
 Answers (router → reply channel); each carries the router's ``boot`` id::
@@ -88,6 +89,7 @@ from models_app.messages import (
     ReleaseMessage,
     ReloadAnswer,
     RenewMessage,
+    ReservationsAnswer,
     ResultMessage,
     SnapshotAnswer,
     Stamped,
@@ -404,6 +406,14 @@ class RouterClient:
     async def reload(self, *, actor: str, sources: bool = False) -> ReloadAnswer:
         call: Call = {"type": "router.reload", "actor": actor, "sources": sources}
         body: ReloadAnswer = await self._call(call)
+        return body
+
+    async def set_reservations(
+        self, reservations: dict[str, list[str]], *, actor: str
+    ) -> ReservationsAnswer:
+        """Hand the router the whole current set of reservations (issue 17.6)."""
+        call: Call = {"type": "router.reservations", "actor": actor, "reservations": reservations}
+        body: ReservationsAnswer = await self._call(call)
         return body
 
     async def snapshot(self) -> SnapshotAnswer:

@@ -21,9 +21,12 @@ from django.utils import timezone
 log = logging.getLogger(__name__)
 
 
+CHECK_EVERY = 15.0  # seconds between checks, unless a fixed schedule is shorter
+
+
 class EmbeddedBeat:
-    def __init__(self, interval: float = 15.0) -> None:
-        self.interval = interval
+    def __init__(self, interval: float | None = None) -> None:
+        self.interval = interval if interval is not None else shortest_interval()
         self._last_run: dict[str, datetime] = {}
 
     async def run(self) -> None:
@@ -69,3 +72,11 @@ class EmbeddedBeat:
 
             found.append((f"db:{row.pk}", row.task, json.loads(row.args or "[]"), row.schedule))
         return found
+
+
+def shortest_interval() -> float:
+    """How often to check: every ``CHECK_EVERY`` seconds, or as often as the shortest fixed
+    schedule given in seconds runs (the reservations' tick, ``RESERVATIONS_TICK_SECONDS``)."""
+    plans = (entry["schedule"] for entry in getattr(settings, "CELERY_BEAT_SCHEDULE", {}).values())
+    seconds = [float(plan) for plan in plans if isinstance(plan, int | float)]
+    return min([CHECK_EVERY, *seconds])

@@ -132,6 +132,15 @@ class SettingsCall(TypedDict):
     actor: str
 
 
+class ReservationsCall(TypedDict):
+    """The models reserved now -> the owners (``user:<name>``) each is for: the whole set
+    (issue 17.6, the ``reservations_tick`` task)."""
+
+    type: Literal["router.reservations"]
+    actor: str
+    reservations: dict[str, list[str]]
+
+
 class SnapshotCall(TypedDict):
     """The engine's whole state."""
 
@@ -176,6 +185,7 @@ Call = (
     | CancelQueuedCall
     | ReloadCall
     | SettingsCall
+    | ReservationsCall
     | SnapshotCall
     | ReadyCall
     | MemoryCall
@@ -202,6 +212,9 @@ class ReloadMessage(Addressed, ReloadCall): ...
 class SettingsMessage(Addressed, SettingsCall): ...
 
 
+class ReservationsMessage(Addressed, ReservationsCall): ...
+
+
 class SnapshotMessage(Addressed, SnapshotCall): ...
 
 
@@ -226,6 +239,7 @@ CallMessage = (
     | CancelQueuedMessage
     | ReloadMessage
     | SettingsMessage
+    | ReservationsMessage
     | SnapshotMessage
     | ReadyMessage
     | MemoryMessage
@@ -259,6 +273,8 @@ class CancelledAnswer(TypedDict):
 
 # reload: the preset names {"added", "removed", "changed", "restarted"} (Engine.reload).
 ReloadAnswer = dict[str, list[str]]
+# reservations: {"reserved", "loading", "unknown"} model names (Engine.set_reservations).
+ReservationsAnswer = dict[str, list[str]]
 # snapshot: the engine's snapshot (routerpanel.router.facts) plus this router's "boot".
 SnapshotAnswer = dict[str, Any]
 # ready: the engine's status ({"models", "running", "queued"}) plus this router's "boot".

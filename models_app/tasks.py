@@ -10,6 +10,8 @@ periodic tasks in the admin. Tests call the functions directly.
 - ``apply_retention()``: ``audit.purge_expired`` and ``usage.purge_expired`` (daily).
 - ``roll_up_memory()``: fold the router's memory ring into ``MemoryRollup`` rows (every minute).
 - ``preload(name)``: ask the router to load a model, as the actor ``schedule``.
+- ``reservations_tick()``: hand the router the reservations open now and audit their starts
+  and ends (reservations.py; every ``RESERVATIONS_TICK_SECONDS``, and after a booking changes).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from celery import shared_task
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
-from models_app import audit, metrics, usage
+from models_app import audit, metrics, reservations, usage
 from models_app.bridge import RouterClient, RouterRejected
 from models_app.models import Preset, RouterSettings
 from routerpanel.router import gguf, options
@@ -222,3 +224,8 @@ def memory_rollup_task() -> int:
 @shared_task
 def preload_model(name: str) -> dict[str, Any]:
     return preload(name)
+
+
+@shared_task
+def reservations_tick() -> dict[str, Any]:
+    return reservations.tick()

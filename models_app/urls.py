@@ -4,7 +4,15 @@ reach Django: the ASGI dispatcher answers them first, so none of these may start
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from models_app.views import admin_pages, audit_log, dashboard, logs, presets, usage
+from models_app.views import (
+    admin_pages,
+    audit_log,
+    dashboard,
+    logs,
+    presets,
+    reservations,
+    usage,
+)
 
 app_name = "panel"
 
@@ -26,6 +34,13 @@ urlpatterns = [
     path("audit/<int:pk>/", audit_log.audit_detail, name="audit_detail"),
     path("usage/", usage.usage_page, name="usage"),
     path("usage/quotas/", usage.quota_set, name="quota_set"),
+    path("reservations/", reservations.reservation_page, name="reservations"),
+    path("reservations/new/", reservations.reservation_create, name="reservation_create"),
+    path(
+        "reservations/<int:pk>/delete/",
+        reservations.reservation_delete,
+        name="reservation_delete",
+    ),
     path("logs/<path:model>/", logs.model_logs, name="logs"),
     # No trailing slash: a model name may hold "/", and logs/x.log/ is the page of "x.log".
     path("logs/<path:model>.log", logs.model_logs_text, name="logs_text"),

@@ -241,6 +241,8 @@ class RouterHost:
             return await self._reload(call)
         if call["type"] == "router.settings":
             return await self._settings(call)
+        if call["type"] == "router.reservations":
+            return await self._engine.set_reservations(call["reservations"], actor=call["actor"])
         if call["type"] == "router.snapshot":
             return self._snapshot()
         if call["type"] == "router.ready":  # GET /ready: cheap, no snapshot

@@ -158,12 +158,18 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TIMEZONE = envstr("TIME_ZONE", "UTC")
 # The periodic jobs (models_app.tasks). `celery beat` with django-celery-beat's DatabaseScheduler
 # copies them into its tables, where admins also add scheduled preloads.
+# Reservations (issue 17.6): how often the schedule hands the router the bookings open now.
+RESERVATIONS_TICK_SECONDS = float(envint("ROUTERPANEL_RESERVATIONS_TICK_SECONDS", 30, minimum=1))
 CELERY_BEAT_SCHEDULE = {
     "audit-retention": {
         "task": "models_app.tasks.retention_task",
         "schedule": crontab(hour=3, minute=30),
     },
     "memory-rollup": {"task": "models_app.tasks.memory_rollup_task", "schedule": 60.0},
+    "reservations": {
+        "task": "models_app.tasks.reservations_tick",
+        "schedule": RESERVATIONS_TICK_SECONDS,
+    },
 }
 
 AUTH_PASSWORD_VALIDATORS = [

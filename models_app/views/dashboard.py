@@ -16,7 +16,7 @@ from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from models_app import audit, queue_reasons
+from models_app import audit, queue_reasons, reservations
 from models_app.models import AuditEvent, Preset
 from models_app.roles import Role, require
 from models_app.views import actions, common, memory
@@ -32,7 +32,10 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     cards = model_cards(snap, presets)
     queue = queue_rows(snap)
     waits = {q["model"]: q for q in queue}
-    for c in cards:  # the card says what its queue entry says (no "queued #2" while it loads)
+    reserved = reservations.dashboard_notes()  # "reserved for group workshop until 16:00"
+    for c in cards:
+        c["reserved"] = reserved.get(c["name"])
+        # the card says what its queue entry says (no "queued #2" while it loads)
         q = waits.get(c["name"])
         c["queue_reason"] = q["reason"] if q else None
         c["queue_waiting"] = bool(q and not q.get("starting") and not q.get("restart"))

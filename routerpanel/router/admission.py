@@ -92,6 +92,7 @@ class Admission:
         self._granted: dict[str, str] = {}  # proxy request id -> model
         self._use = RecentUse()  # per-owner recent use, kept under either policy
         self._holders: dict[str, str] = {}  # proxy request id -> its owner, while granted
+        self._reserved: dict[str, frozenset[str]] = {}  # model -> owners it is reserved for
         self._loading_for: dict[str, tuple[str, float]] = {}  # model -> (owner, spawned at)
         self._ordered = False  # the fair order was computed during this input
         self._placed = 0  # the queue's entries made when it was last computed
@@ -119,6 +120,10 @@ class Admission:
         """May a request for ``name`` be granted now, without a load (A1)? False if unknown."""
         m = self._models.get(name)
         return m is not None and self._servable(m)
+
+    def reservations(self) -> dict[str, frozenset[str]]:
+        """Return the models reserved now and the owners each is reserved for (issue 17.6)."""
+        return dict(self._reserved)
 
     def recent_use(self, now: float) -> dict[str, float]:
         """Return each owner's model-seconds in the fair-share window, most first."""
@@ -207,7 +212,7 @@ class Admission:
     def _serve_entry(self, entry: Entry, now: float) -> None:
         m = self._models[entry.model]
         if self._servable(m):  # A1 for waiters: the model became loaded or sleeping
-            served, left = entry.waiters, []
+            served, left = self._members_first(entry), []
         elif self._fresh(m) and m.state is LOADING:  # A9: a load is answered once spawned
             served = [w for w in entry.waiters if w.kind is RequestKind.LOAD]
             left = [w for w in entry.waiters if w.kind is RequestKind.PROXY]
@@ -216,6 +221,18 @@ class Admission:
         self._queue.take(entry, served, left)
         for w in served:
             self._grant(w, m, now)
+
+    def _members_first(self, entry: Entry) -> list[WaiterView]:
+        """The entry's waiters in the order they are granted: arrival order, except that on a
+        reserved model the owners it is reserved for go first (R2), each group in arrival order.
+        """
+        members = self._reserved.get(entry.model)
+        if not members:
+            return entry.waiters
+        first = [w for w in entry.waiters if owner_of(w.actor) in members]
+        if not first:
+            return entry.waiters
+        return first + [w for w in entry.waiters if owner_of(w.actor) not in members]
 
     def _claim(self, now: float) -> None:
         """Let successive heads spawn while capacity is real (A4, A6)."""
@@ -321,7 +338,7 @@ class Admission:
             m
             for m in self._models.values()
             if self._fresh(m) and m.state in EVICTABLE and m.in_flight == 0
-            and not m.spec.pinned and m.spec.name not in queued
+            and not self._pinned(m) and m.spec.name not in queued
         ]  # fmt: skip
         return min(candidates, key=lambda m: (m.last_used, m.spec.name), default=None)
 
@@ -378,9 +395,13 @@ class Admission:
         return [
             m
             for m in self._models.values()
-            if m.spec.ttl is not None and not m.spec.pinned and self._fresh(m)
+            if m.spec.ttl is not None and not self._pinned(m) and self._fresh(m)
             and m.state in EVICTABLE and m.in_flight == 0
         ]  # fmt: skip
+
+    def _pinned(self, m: ModelRecord) -> bool:
+        """Pinned by its preset, or reserved now (R1): never an eviction victim, no TTL."""
+        return m.spec.pinned or m.spec.name in self._reserved
 
     def _fresh(self, m: ModelRecord) -> bool:
         """Running, not stopping and not draining: it may take new requests."""

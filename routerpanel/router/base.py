@@ -73,6 +73,7 @@ class EngineBase:
         self._hangs: dict[str, dict[str, Any]] = {}  # model -> the verdict's facts, until killed
         self._tickets: set[int] = set()  # queue entries already published (queue.changed)
         self._probes: set[asyncio.Task[None]] = set()
+        self._preloads: set[asyncio.Task[None]] = set()  # reservations' loads in advance
         self._sample_soon = asyncio.Event()
         self._drained = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []

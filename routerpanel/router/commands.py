@@ -80,6 +80,16 @@ class UpdateSettings:
 
 
 @dataclass(eq=False)
+class SetReservations:
+    """The models reserved now -> the owners (``user:<name>``) each is for; the whole set
+    (issue 17.6). Answered with the models newly reserved, which the engine then loads."""
+
+    reservations: Mapping[str, frozenset[str]]
+    actor: str
+    future: asyncio.Future[list[str]]
+
+
+@dataclass(eq=False)
 class Shutdown:
     actor: str
     future: asyncio.Future[None]
@@ -127,6 +137,7 @@ Command = (
     | CancelQueued
     | Reload
     | UpdateSettings
+    | SetReservations
     | Shutdown
     | Tick
     | MemorySampled

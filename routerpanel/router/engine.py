@@ -40,6 +40,7 @@ from routerpanel.router.timer import sample_memory
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SHUTDOWN_GRACE = 15.0  # past the longest stop-timeout: SIGKILL grace and reaping (S4, S6)
+RESERVATION_ACTOR = "reservation"  # who loads a reserved model in advance (issue 17.6)
 
 
 class Engine(Inbox):
@@ -187,6 +188,44 @@ class Engine(Inbox):
         done: asyncio.Future[None] = self._future()
         await self._call(commands.UpdateSettings(config, actor, done), done)
 
+    async def set_reservations(
+        self, reservations: Mapping[str, Iterable[str]], *, actor: str = ""
+    ) -> dict[str, list[str]]:
+        """Replace the reservations with the whole current set (issue 17.6): model (name or
+        alias) -> the owners (``user:<name>``) it is reserved for. Idempotent.
+
+        A reserved model is pinned and its owners' requests go first in its entry (R1, R2 in
+        scheduler.py). A model newly reserved that is not running is loaded in advance by the
+        actor ``reservation``, through the queue like any load (A9): unload before load and
+        models_max hold. Returns ``reserved``, ``loading`` (the loads started) and ``unknown``.
+        """
+        reserved: dict[str, frozenset[str]] = {}
+        unknown: list[str] = []
+        for model, owners in reservations.items():
+            name = self.resolve(model)
+            if name is None:
+                unknown.append(model)
+                continue
+            reserved[name] = reserved.get(name, frozenset()) | frozenset(owners)
+        result: asyncio.Future[list[str]] = self._future()
+        added = await self._call(commands.SetReservations(reserved, actor, result), result)
+        loading = [name for name in added if not self._runs(name)]
+        for name in loading:
+            task = asyncio.create_task(self._load_reserved(name), name=f"reservation {name}")
+            self._preloads.add(task)
+            task.add_done_callback(self._preloads.discard)
+        return {"reserved": sorted(reserved), "loading": loading, "unknown": sorted(unknown)}
+
+    def _runs(self, name: str) -> bool:
+        view = self._scheduler.model(name)
+        return view.state in RUNNING and not view.stopping
+
+    async def _load_reserved(self, name: str) -> None:
+        try:
+            await self.load(name, actor=RESERVATION_ACTOR)
+        except RouterError as exc:  # already running, shutting down, a full queue: logged
+            log.info("reserved model %s was not loaded in advance: %s", name, exc.message)
+
     def snapshot(self) -> dict[str, Any]:
         """Return the whole state, JSON-able; events after its ``seq`` update it."""
         views, queue = self._scheduler.models(), self._scheduler.queue()
@@ -196,7 +235,8 @@ class Engine(Inbox):
         )
         use = self._scheduler.recent_use(self._clock())  # issue 17.5: who used it lately
         policy = {"policy": self._config.queue_policy.value, "recent_use": use}
-        return snap | {"queue_policy": policy}
+        reserved = {name: sorted(o) for name, o in sorted(self._scheduler.reservations().items())}
+        return snap | {"queue_policy": policy, "reservations": reserved}
 
     def status(self) -> dict[str, Any]:
         """A cheap summary: how many models, how many run, how many requests wait."""

@@ -37,6 +37,7 @@ class Inbox(HangWatch):
             commands.Release: self._on_release, commands.Unload: self._on_unload,
             commands.CancelQueued: self._on_cancel_queued, commands.Reload: self._on_reload,
             commands.UpdateSettings: self._on_settings,
+            commands.SetReservations: self._on_reservations,
             commands.Shutdown: self._on_shutdown, commands.Tick: self._on_tick,
             commands.MemorySampled: self._on_memory, supervisor.LogLine: self._on_log,
             commands.ProbeDone: self._on_probe, commands.Note: self._on_note,
@@ -148,6 +149,11 @@ class Inbox(HangWatch):
         self._emit(Event.SETTINGS_CHANGED, data)
         self._apply(out)
         resolve(cmd.future, None)
+
+    def _on_reservations(self, cmd: commands.SetReservations) -> None:
+        before = self._scheduler.reservations()
+        self._apply(self._scheduler.set_reservations(cmd.reservations, now=self._clock()))
+        resolve(cmd.future, sorted(set(self._scheduler.reservations()) - set(before)))
 
     def _on_shutdown(self, cmd: commands.Shutdown) -> None:
         self._closing = True

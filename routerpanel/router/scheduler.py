@@ -18,10 +18,21 @@ Inputs (all keyword ``now``):
   cancel_waiting(actor=, model=, request_id=)   an operator rejects queued requests (499)
   reload(presets, actor=)         new presets (A14)
   settings_changed(config)        new RouterConfig (its queue_policy: fifo or fair, fairshare.py)
+  set_reservations(reserved)      the models reserved now -> the owners each is for (issue 17.6)
   memory_sample(available)        available bytes, for the settle gate (memory mode)
   tick()                          max wait (A8), TTL (A11), settle timeout; call at next_deadline()
   shutdown(actor=)                reject all waiters, stop every child, admit nothing more
-Read-only: model(name), models(), queue(), next_deadline(), recent_use(now), config.
+Read-only: model(name), models(), queue(), next_deadline(), recent_use(now), reservations(),
+config.
+
+Reservations (issue 17.6) come in as data, the whole current set each time (idempotent):
+  R1 A reserved model is pinned while reserved: never an eviction victim (A5), no TTL (A11).
+     Its load in advance is the engine's: an ordinary load (A9) through the queue, so unload
+     before load (A6) and models_max hold. When the reservation ends it is unpinned and
+     behaves as usual (it stays loaded until it is evicted or its TTL passes).
+  R2 In a reserved model's queue entry the owners it is reserved for are granted first, each
+     group in arrival order: the one exception to arrival order inside an entry. Others are
+     still served, in the same pass; max wait (A8) applies to everyone as before.
 
 Fair share (issue 17.5): the scheduler keeps each owner's recent use itself (fairshare.py:
 model-seconds held from grant to finish, plus seconds of the loads their requests caused, from
@@ -67,7 +78,7 @@ Semantics decided here:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from routerpanel.router.admission import (
@@ -443,6 +454,18 @@ class Scheduler(Admission):
         self._config = config
         if config.memory_budget is None:
             self._settle_since = self._available = None
+        return self._end(now)
+
+    def set_reservations(
+        self, reserved: Mapping[str, Iterable[str]], *, now: float
+    ) -> list[Decision]:
+        """Replace the reservations: ``reserved`` maps each model reserved now to the owners
+        (``user:<name>``) it is reserved for (R1, R2). Unknown models are ignored. Unpinning a
+        model may let a waiting entry evict it at once (A5)."""
+        self._begin()
+        self._reserved = {
+            name: frozenset(owners) for name, owners in reserved.items() if name in self._models
+        }
         return self._end(now)
 
     def memory_sample(self, available: int, *, now: float) -> list[Decision]:

@@ -173,7 +173,7 @@ def panel_pages(page: Any) -> list[str]:
     event = page.locator("#feed li a.badge").first.get_attribute("href")
     return ["/", "/presets/", f"/presets/{preset}/", f"/presets/{preset}/edit/", "/presets/new/",
             "/presets/import/", "/audit/", event, "/settings/", "/keys/", "/users/",
-            "/logs/demo-small/"]  # fmt: skip
+            "/reservations/", "/logs/demo-small/"]  # fmt: skip
 
 
 def visit(page: Any, quiet: PanelServer, path: str) -> None:

@@ -2,8 +2,9 @@
 PostgreSQL as the database, and a stand-in router answering on the Redis channel layer.
 
 A preset saved in team mode queues its GGUF inspection (``delay_on_commit``) for the worker;
-retention, the memory rollup and a preload are sent by name; a preload scheduled every second in
-django-celery-beat's tables goes beat → worker → router, as the actor ``schedule``.
+retention, the memory rollup, a preload and the reservations' tick are sent by name; a preload
+scheduled every second in django-celery-beat's tables goes beat → worker → router, as the actor
+``schedule``.
 """
 
 from __future__ import annotations
@@ -125,6 +126,17 @@ async def router(redis_url: str) -> AsyncIterator[MemoryRouter]:
     await layer.flush()
 
 
+RESERVATION = """
+from datetime import timedelta
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from models_app.models import Reservation
+now = timezone.now()
+Reservation.objects.create(model="qwen", user=get_user_model().objects.create_user("alice"),
+    starts_at=now - timedelta(minutes=1), ends_at=now + timedelta(hours=1), created_by="user:admin")
+"""
+
+
 def query(database_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     import psycopg
 
@@ -187,6 +199,17 @@ async def test_a_real_worker_runs_every_job(
     assert {scope for scope, _ in rollups} == {"system", "model"}
     load = await router.wait_for("router.load", timeout=TIMEOUT)
     assert (load["model"], load["actor"]) == ("qwen", "schedule")
+    await asyncio.to_thread(manage, env, "shell", "-c", RESERVATION)
+    client.send_task("models_app.tasks.reservations_tick")  # issue 17.6, as beat sends it
+    booked = await router.wait_for("router.reservations", timeout=TIMEOUT)
+    assert (booked["reservations"], booked["actor"]) == ({"qwen": ["user:alice"]}, "schedule")
+    started = await eventually(
+        lambda: query(
+            pg_database,
+            "SELECT model, actor FROM models_app_auditevent WHERE kind = 'reservation_started'",
+        )
+    )
+    assert started == [("qwen", "user:admin")]
     assert "succeeded" in worker.log.read_text()
 
 

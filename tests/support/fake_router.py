@@ -305,6 +305,12 @@ class FakeRouter:
         body = {"error": None} if error is None else {"error": error, "retry_after": 1}
         await self._reply(message, bridge.result(message["request_id"], body))
 
+    async def router_reservations(self, message: dict[str, Any]) -> None:
+        known = sorted(m for m in message["reservations"] if self.resolve(m) is not None)
+        unknown = sorted(m for m in message["reservations"] if self.resolve(m) is None)
+        body = {"reserved": known, "loading": [], "unknown": unknown}
+        await self._reply(message, bridge.result(message["request_id"], body))
+
     async def router_settings(self, message: dict[str, Any]) -> None:
         await self._reply(message, bridge.result(message["request_id"], {}))
 

@@ -461,7 +461,8 @@ class TestEvents:
         await h.idle()
         snap = h.engine.snapshot()
         json.dumps(snap)
-        assert set(snap) == {"seq", "models", "queue", "memory", "config", "queue_policy"}
+        assert set(snap) == {"seq", "models", "queue", "memory", "config", "queue_policy",
+                             "reservations"}  # fmt: skip
         a = h.model("a")
         assert set(a) == {
             "name", "aliases", "state", "state_since", "status", "failed", "stopping", "pid",
