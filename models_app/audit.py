@@ -110,6 +110,7 @@ def key_state(key: ApiKey) -> dict[str, Any]:
         "models": key.model_patterns or "all",
         "max_concurrent": key.max_concurrent,
         "priority": key.priority,
+        "queue_comments": key.queue_comments,
     }
 
 

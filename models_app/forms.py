@@ -330,7 +330,8 @@ class AuditFilterForm(forms.Form):
 
 
 class KeyScopeForm(forms.Form):
-    """What a key may do (issue 17.1): its models, concurrent requests and priority class."""
+    """What a key may do (issue 17.1): its models, concurrent requests and priority class; and
+    whether its streams get the queue position as comments (issue 17.7)."""
 
     models = forms.CharField(
         label="Models",
@@ -352,6 +353,12 @@ class KeyScopeForm(forms.Form):
         choices=KeyPriority.choices,
         initial=KeyPriority.NORMAL,
         help_text="Priority class for the fair-share queue policy.",
+    )
+    queue_comments = forms.BooleanField(
+        label="Queue position in streams",
+        required=False,
+        help_text="While a streamed chat waits for its model, send lines such as "
+        "': queued 2 of 3, loading qwen-7b 40%' as SSE comments (OpenAI clients ignore them).",
     )
 
     def __init__(self, *args: Any, is_admin: bool, keep: str = "", **kwargs: Any) -> None:

@@ -484,6 +484,7 @@ class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
         model_patterns: str = "",
         max_concurrent: int | None = None,
         priority: str = KeyPriority.NORMAL,
+        queue_comments: bool = False,
     ) -> tuple[ApiKey, str]:
         """Create a key for ``owner``; return it with the secret, which is never stored."""
         key = ApiKey(
@@ -492,6 +493,7 @@ class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
             model_patterns=", ".join(parse_model_patterns(model_patterns)),
             max_concurrent=max_concurrent or None,
             priority=priority,
+            queue_comments=queue_comments,
         )
         key.full_clean(exclude=["owner", "name", "prefix", "hash"])
         secret = key.set_new_secret()
@@ -543,6 +545,13 @@ class ApiKey(models.Model):
         default=KeyPriority.NORMAL,
         help_text="Priority class for the fair-share queue policy.",
     )
+    # Issue 17.7: streamed requests waiting for their model get SSE comment lines.
+    queue_comments = models.BooleanField(
+        "queue position in streams",
+        default=False,
+        help_text="While a streamed chat waits for its model, send the queue position and the "
+        "load's progress as SSE comment lines (OpenAI clients ignore them).",
+    )
 
     # Typed as its queryset: the manager as_manager() makes has the queryset's methods.
     objects: ClassVar[ApiKeyQuerySet] = ApiKeyQuerySet.as_manager()
@@ -585,10 +594,12 @@ class ApiKey(models.Model):
         return parse_model_patterns(self.model_patterns)
 
     def scope_text(self) -> str:
-        """``"models qwen*, llama-3*; at most 2 at once; priority high"``: what the key may do."""
+        """``"models qwen*, llama-3*; at most 2 at once; priority high"``: what the key may do
+        (``"; queue comments"`` after it when the key asks for them)."""
         models_text = ", ".join(self.patterns) or "all"
         limit = f"at most {self.max_concurrent} at once" if self.max_concurrent else "no limit"
-        return f"models {models_text}; {limit}; priority {self.priority}"
+        comments = "; queue comments" if self.queue_comments else ""
+        return f"models {models_text}; {limit}; priority {self.priority}{comments}"
 
     def revoke(self) -> None:
         if self.revoked_at is None:

@@ -69,6 +69,7 @@ class Caller:
     max_concurrent: int | None = None  # requests in flight at once; None: no limit
     priority: str = "normal"
     quotas: tuple[Limit, ...] = ()  # its key's quota and its owner's (issue 17.4)
+    queue_comments: bool = False  # streams get the queue position as comments (issue 17.7)
 
     def may_use(self, names: Iterable[str]) -> bool:
         """Whether the key may use a model known by ``names`` (its name and its aliases)."""
@@ -100,7 +101,7 @@ def load_from_database() -> KeyTable:
     rows = list(
         ApiKey.objects.active().values_list(
             "id", "hash", "name", "owner__username", "owner__is_superuser",
-            "model_patterns", "max_concurrent", "priority",
+            "model_patterns", "max_concurrent", "priority", "queue_comments",
         )
     )  # fmt: skip
     quotas = _quotas()
@@ -113,11 +114,11 @@ def load_from_database() -> KeyTable:
 def _caller(row: tuple[Any, ...], quotas: Mapping[Any, Limit]) -> Caller:
     from models_app.models import parse_model_patterns
 
-    pk, _, name, owner, _, patterns, max_concurrent, priority = row
+    pk, _, name, owner, _, patterns, max_concurrent, priority, comments = row
     limits = tuple(q for q in (quotas.get(pk), quotas.get(owner)) if q is not None)
     return Caller(
         f"key:{owner}/{name}", pk, parse_model_patterns(patterns), max_concurrent, priority,
-        limits,
+        limits, bool(comments),
     )  # fmt: skip
 
 

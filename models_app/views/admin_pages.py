@@ -115,6 +115,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
                 model_patterns=data["models"],
                 max_concurrent=data["max_concurrent"],
                 priority=data["priority"],
+                queue_comments=data["queue_comments"],
             )
             audit.record_key_change(AuditKind.KEY_CREATED, key, audit.actor_of(request.user))
         request.session[NEW_KEY] = {"id": key.pk, "secret": secret}
@@ -150,6 +151,7 @@ def api_key_scope(request: HttpRequest, pk: int) -> HttpResponse:
         "models": key.model_patterns,
         "max_concurrent": key.max_concurrent,
         "priority": key.priority,
+        "queue_comments": key.queue_comments,
     }
     form = KeyScopeForm(request.POST or None, initial=initial, is_admin=is_admin, keep=key.priority)
     if request.method == "POST" and form.is_valid():
@@ -157,8 +159,10 @@ def api_key_scope(request: HttpRequest, pk: int) -> HttpResponse:
         key.model_patterns = form.cleaned_data["models"]
         key.max_concurrent = form.cleaned_data["max_concurrent"]
         key.priority = form.cleaned_data["priority"]
+        key.queue_comments = form.cleaned_data["queue_comments"]
         with transaction.atomic():
-            key.save(update_fields=["model_patterns", "max_concurrent", "priority"])
+            fields = ["model_patterns", "max_concurrent", "priority", "queue_comments"]
+            key.save(update_fields=fields)
             actor = audit.actor_of(request.user)
             audit.record_key_change(AuditKind.KEY_RESCOPED, key, actor, before)
         messages.success(request, f"Saved {key.name}: {key.scope_text()}.")

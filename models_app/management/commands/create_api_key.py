@@ -1,5 +1,6 @@
 """``manage.py create_api_key USER NAME [--models PATTERNS] [--max-concurrent N]
-[--priority CLASS]``: issue an API key, optionally scoped, and print it, once."""
+[--priority CLASS] [--queue-comments]``: issue an API key, optionally scoped, and print it,
+once."""
 
 from __future__ import annotations
 
@@ -59,6 +60,12 @@ class Command(BaseCommand):
             default=KeyPriority.NORMAL.value,
             help="priority class for the fair-share queue policy (default: normal)",
         )
+        parser.add_argument(
+            "--queue-comments",
+            action="store_true",
+            help="while a streamed request waits for its model, send the queue position and "
+            "the load's progress as SSE comment lines (README: Queue position in the stream)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         users = get_user_model()
@@ -77,6 +84,7 @@ class Command(BaseCommand):
                     model_patterns=options["models"],
                     max_concurrent=options["max_concurrent"],
                     priority=options["priority"],
+                    queue_comments=options["queue_comments"],
                 )
                 record_key_change(AuditKind.KEY_CREATED, key, CLI_ACTOR)
         except IntegrityError:
