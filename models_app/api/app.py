@@ -230,8 +230,8 @@ class Api:
             return
         if not request.started:
             await request.respond(status, body, headers=headers)
-        elif not request.finished:
-            await request.end()  # too late for a status: end the stream
+        elif not request.finished:  # too late for a status: end the stream
+            await request.end(sse.error_event(body) if request.event_stream else b"")
 
     # ---- Django ---------------------------------------------------------------------------------
 

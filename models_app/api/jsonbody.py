@@ -6,7 +6,7 @@ a ``str`` that cannot be encoded back, which made error bodies crash), bodies in
 guesses the encoding), and nesting deep enough to exhaust the interpreter's recursion limit.
 Duplicate keys are ambiguous — we might route by one ``model`` while the child reads another —
 so they are refused too. ``parse`` is the only JSON parser of request bodies: the router's own
-routes (``routes``) and the proxy (``proxy.model_from_body``) both call it.
+routes (``routes``) and the proxy (``proxy.body_fields``) both call it.
 
 The checks cost little on the hot path: the depth scan only runs when the body holds more
 brackets than the limit, and the surrogate walk only when an escaped surrogate appears.

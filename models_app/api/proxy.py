@@ -23,6 +23,10 @@ Receipts and usage (issue 17.2, 17.3): every answer from a child carries
 load, ``X-RouterPanel-Evicted`` (their names, comma-separated), from the grant's receipt. When
 the answer ends, one ``usage.Usage`` goes to the recorder: the receipt, the time the model was
 held, and the token counts read off the last chunks of the answer (``usage.tokens_in``).
+
+Queue comments (issue 17.7, ``waiting``): a streamed request that asked for them and has to wait
+gets its head early and comment lines while it waits; its answer then goes out as body only
+(the receipt is a comment line), and an error is one SSE error event (``sse.error_event``).
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ from email.parser import BytesParser
 from typing import TYPE_CHECKING
 
 from models_app import runtime, usage
-from models_app.api import jsonbody
-from models_app.api.errors import ApiError, dumps
+from models_app.api import jsonbody, waiting
+from models_app.api.errors import NOT_FOUND, ApiError, dumps, error_body
 from models_app.api.lease import LeaseKeeper
 from models_app.api.request import Request
+from models_app.api.sse import error_event
 from models_app.api.upstream import Answer, UpstreamError
 from models_app.bridge import Grant
 from routerpanel.router.receipts import Receipt
@@ -87,23 +92,23 @@ _DROP_RESPONSE = frozenset(
 
 async def proxy_post(api: Api, request: Request) -> None:
     body = await request.read_body(api.config.max_body_bytes)
-    content_type = request.headers.get(b"content-type", b"")
-    await forward(api, request, model_from_body(body, content_type), body)
+    fields = body_fields(body, request.headers.get(b"content-type", b""))
+    model = fields.get("model")
+    streamed = fields.get("stream") is True
+    await forward(api, request, model if isinstance(model, str) else "", body, streamed)
 
 
 async def proxy_get(api: Api, request: Request) -> None:
     await forward(api, request, request.query("model") or "", b"")
 
 
-def model_from_body(body: bytes, content_type: bytes) -> str:
-    """Return the body's ``model`` ("" when absent or not a string); 400 if it is not JSON
-    (strict: ``jsonbody.parse``, the same rules as the router's own routes)."""
+def body_fields(body: bytes, content_type: bytes) -> dict[str, object]:
+    """Return the body's top-level fields (``model``, ``stream``; empty unless an object); 400
+    if it is not JSON (strict: ``jsonbody.parse``, the same rules as the router's own routes)."""
     if content_type[:19].lower() == b"multipart/form-data":
-        data: object = multipart_fields(body, content_type)
-    else:
-        data = jsonbody.parse(body)
-    model = data.get("model") if isinstance(data, dict) else None
-    return model if isinstance(model, str) else ""
+        return dict(multipart_fields(body, content_type))
+    data = jsonbody.parse(body)
+    return data if isinstance(data, dict) else {}
 
 
 def multipart_fields(body: bytes, content_type: bytes) -> dict[str, str]:
@@ -129,8 +134,11 @@ def autoload_flag(value: str | None) -> bool:
     return value in ("true", "1")
 
 
-async def forward(api: Api, request: Request, model: str, body: bytes) -> None:
-    """Validate, lease the model and relay the exchange (see module doc)."""
+async def forward(
+    api: Api, request: Request, model: str, body: bytes, streamed: bool = False
+) -> None:
+    """Validate, lease the model and relay the exchange (see module doc); ``streamed``: the
+    body asks for a stream (queue comments may go out while it waits, ``waiting``)."""
     if not model:
         raise ApiError(400, "model name is missing from the request")
     autoload = autoload_flag(request.query("autoload"))
@@ -139,13 +147,17 @@ async def forward(api: Api, request: Request, model: str, body: bytes) -> None:
     request.watch_disconnect()
     arrived = time.time()
     try:
-        grant = await api.router.acquire(
+        acquiring = api.router.acquire(
             model,
             actor=request.actor,
             autoload=autoload,
             request_id=router_id,
             priority=request.caller.priority,  # issue 17.5: the fair queue policy reads it
         )
+        if waiting.wanted(request, streamed):
+            grant = await waiting.Comments(api, request, model).acquire(acquiring)
+        else:
+            grant = await acquiring
         lease = LeaseKeeper(api.router, grant)
         meter = Meter(grant.receipt)
         started = time.monotonic()
@@ -256,6 +268,9 @@ async def whole_answer(response: Answer, limit: int, lease: LeaseKeeper) -> byte
 
 
 async def send_whole(request: Request, response: Answer, body: bytes, meter: Meter) -> None:
+    if request.event_stream:  # the head went out while it waited (queue comments)
+        await request.end(in_stream(response.status, body))
+        return
     headers = response_headers(response)
     headers.extend(meter.headers())
     headers.append((b"content-length", str(len(body)).encode()))
@@ -272,12 +287,17 @@ async def stream_back(
     the end of the response: one message to Daphne for the last part instead of two.
     (The loop still runs to its end, without waiting, so the connection goes back to the pool.)
     """
+    if request.event_stream and (response.status != 200 or not is_event_stream(response)):
+        chunks = [chunk async for chunk in response.chunks()]  # an error: small
+        await request.end(in_stream(response.status, b"".join(chunks)))
+        return
     if response.status == 404:  # the generic body replaces the child's (§9.3a keep)
         await request.respond(404, b"", headers=tuple(meter.headers()))
         return
-    headers = response_headers(response)
-    headers.extend(meter.headers())
-    await request.start(response.status, headers)
+    if not request.event_stream:  # else the head went out while it waited (queue comments)
+        headers = response_headers(response)
+        headers.extend(meter.headers())
+        await request.start(response.status, headers)
     expected = content_length(response)
     received, last = 0, b""
     try:
@@ -293,8 +313,22 @@ async def stream_back(
         log.warning("child on port %s broke off a response: %s", grant.port, exc.text)
         why = await api.router.why_ended(grant)
         if why is not None and is_event_stream(response):
-            last = b"data: " + dumps(why.body) + b"\n\n"  # SSE clients read the error
+            last = error_event(dumps(why.body))  # SSE clients read the error
     await request.end(last)
+
+
+def in_stream(status: int, body: bytes) -> bytes:
+    """A whole answer of the child's for a stream whose head went out early: its body as one
+    ``data:`` event, an error (status >= 400) in the error shape (the generic one for 404)."""
+    if status < 400:
+        return b"data: " + body + b"\n\n"
+    if status == 404:
+        return error_event(NOT_FOUND)
+    try:
+        shaped = isinstance(jsonbody.parse(body).get("error"), dict)
+    except (ApiError, AttributeError):
+        shaped = False
+    return error_event(body if shaped else error_body(status, body.decode("utf-8", "replace")))
 
 
 def is_event_stream(response: Answer) -> bool:

@@ -67,6 +67,7 @@ class Request:
         "caller",
         "client_gone",
         "cors",
+        "event_stream",
         "finished",
         "headers",
         "method",
@@ -89,6 +90,7 @@ class Request:
         self.caller: Caller = ANONYMOUS_CALLER  # the key's scope (issue 17.1), set with actor
         self.started = False  # the response's status line is out: errors can no longer be sent
         self.finished = False  # the last body message is (being) sent
+        self.event_stream = False  # our own SSE head went out (issue 17.7): errors are events
         self.client_gone = False
         self.cors = True  # False: answer without CORS headers (a refused foreign origin)
         self._query: dict[str, str] | None = None

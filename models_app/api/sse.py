@@ -36,6 +36,12 @@ _DOWN = frozenset(state.value for state in DOWN)
 _FAILED = frozenset(state.value for state in FAILED_STATES)
 
 
+def error_event(body: bytes) -> bytes:
+    """An error in a stream that has started (``body``: ``{"error": {...}}``): one ``data:``
+    event, which OpenAI's and llama.cpp's clients read as the stream's error."""
+    return b"data: " + body + b"\n\n"
+
+
 def llama_status(state: str | None) -> str | None:
     try:
         return api_status(ModelState(state)) if state else None
