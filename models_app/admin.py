@@ -80,7 +80,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
     search_fields = ("name", "prefix", "owner__username")
     fields = (
-        "owner", "name", "model_patterns", "max_concurrent", "priority",
+        "owner", "name", "model_patterns", "max_concurrent", "priority", "queue_comments",
         "prefix", "created_at", "last_used_at", "revoked_at",
     )  # fmt: skip
     readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")

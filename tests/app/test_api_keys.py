@@ -131,6 +131,18 @@ class TestScopedKeyCommand:
         call_command("create_api_key", "alice", "ci", stdout=StringIO(), stderr=StringIO())
         key = ApiKey.objects.get()
         assert (key.patterns, key.max_concurrent, key.priority) == ((), None, "normal")
+        assert not key.queue_comments
+
+    def test_queue_comments_are_asked_for_on_the_command_line(self, alice: object) -> None:
+        """Issue 17.7: the key's streams get the queue position as SSE comments."""
+        err = StringIO()
+        call_command(
+            "create_api_key", "alice", "watch", "--queue-comments", stdout=StringIO(), stderr=err
+        )
+        assert ApiKey.objects.get().queue_comments
+        assert "priority normal; queue comments)" in err.getvalue()
+        row = AuditEvent.objects.get(kind=AuditKind.KEY_CREATED)
+        assert row.details["queue_comments"] is True
 
     @pytest.mark.parametrize(
         ("option", "value", "message"),

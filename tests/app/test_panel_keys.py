@@ -3,6 +3,8 @@ everyone's keys and the users' roles."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
@@ -44,6 +46,20 @@ class TestKeys:
         text = viewer_client.get("/keys/").content.decode()
         assert "<code>qwen*</code>, <code>llama-3*</code>" in text
         assert "at most 2 at once · low priority" in text
+
+    def test_the_form_and_the_scope_page_set_queue_comments(self, viewer_client: Client) -> None:
+        """Issue 17.7: a checkbox; the key list says so; a change is audited."""
+        fields = {"name": "watch", "priority": "normal", "queue_comments": "on"}
+        viewer_client.post("/keys/", fields)
+        key = ApiKey.objects.get()
+        assert key.queue_comments
+        assert "normal priority · queue comments" in viewer_client.get("/keys/").content.decode()
+        page = viewer_client.get(f"/keys/{key.pk}/scope/").content.decode()
+        assert re.search(r'<input type="checkbox" name="queue_comments"[^>]* checked>', page)
+        viewer_client.post(f"/keys/{key.pk}/scope/", {"priority": "normal"})  # unticked
+        assert not ApiKey.objects.get().queue_comments
+        rescoped = AuditEvent.objects.get(kind=AuditKind.KEY_RESCOPED)
+        assert rescoped.details["changes"] == {"queue_comments": [True, False]}
 
     def test_bad_scope_values_are_field_errors_and_nothing_is_issued(
         self, viewer_client: Client
