@@ -248,8 +248,10 @@ def a_cancel_and_a_leaver(server: Server) -> None:
     assert answer.status_code == 200, answer.text
     cancelled.join()
     assert all(line.startswith(": queued 1 of 1") for line in cancelled.lines[:-1])
-    error = cancelled.lines[-1]
-    assert error.startswith('data: {"error":{"code":499,'), cancelled.lines
+    assert cancelled.lines[-1] == (
+        'data: {"error":{"code":499,"message":"the request was cancelled by anonymous while '
+        'queued for model name=other","type":"cancelled"}}'
+    ), cancelled.lines
     assert "[DONE]" not in " ".join(cancelled.lines)
 
     leaving = Reader(server, "other", HEADER)
