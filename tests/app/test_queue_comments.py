@@ -4,10 +4,13 @@ path is in tests/process/test_queue_comments.py)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from channels.layers import InMemoryChannelLayer
 
+from models_app import bridge
 from models_app.api import waiting
 from models_app.api.auth import Caller
 from models_app.api.proxy import in_stream
@@ -159,6 +162,43 @@ class TestThroughTheChannelLayer:
         assert set(lines[: first_data - 1]) == {": loading cold"}
         assert lines[first_data - 1] == ": routerpanel queue_ms=0 load_ms=0"
         assert lines[-1] == "data: [DONE]" and "simulated" in call.body.decode()
+
+    async def test_a_rejection_after_the_head_is_one_sse_error_event(
+        self, client: AsgiClient, router: FakeRouter, layer: InMemoryChannelLayer
+    ) -> None:
+        """Max wait, as the router answers it after the request had queued (A8)."""
+        router.add("cold", QueueThenGrant(1), status="loading")  # never released
+        call = client.start("POST", "/v1/chat/completions", json_body=chat("cold"), headers=HEADER)
+        await call.wait_body(lambda body: b": loading cold" in body)
+        acquire = await router.wait_for("router.acquire")
+        text = "request waited longer than max wait (5 s) for model name=cold"
+        error = bridge.error_body(503, text, "unavailable_error")
+        await layer.send(
+            acquire["reply_channel"], dict(bridge.rejected(acquire["request_id"], 503, error, 5))
+        )
+        await call.finish()
+        assert call.status == 200  # the head went out while it waited
+        assert call.body.endswith(
+            b"\n\ndata: " + json.dumps({"error": error}, separators=(",", ":")).encode() + b"\n\n"
+        )
+        assert b"[DONE]" not in call.body
+
+    async def test_a_childs_error_after_the_head_is_one_sse_error_event(
+        self, client: AsgiClient, router: FakeRouter, simserver: SimServer
+    ) -> None:
+        queued = QueueThenGrant(simserver.port)
+        router.add("cold", queued, status="loading")
+        body = chat("cold") | {"max_tokens": "many"}  # the child answers 400
+        call = client.start("POST", "/v1/chat/completions", json_body=body, headers=HEADER)
+        await call.wait_body(lambda body: b": loading cold" in body)
+        queued.release.set()
+        await call.finish()
+        lines = [line for line in call.body.decode().split("\n") if line]
+        assert lines[-2] == ": routerpanel queue_ms=0 load_ms=0"
+        assert json.loads(lines[-1].removeprefix("data: "))["error"] == {
+            "code": 400, "message": '"max_tokens" must be an integer >= -1',
+            "type": "invalid_request_error",
+        }  # fmt: skip
 
     async def test_a_client_that_leaves_while_queued_cancels_its_place(
         self, client: AsgiClient, router: FakeRouter, simserver: SimServer
