@@ -231,7 +231,7 @@ class Api:
         if not request.started:
             await request.respond(status, body, headers=headers)
         elif not request.finished:  # too late for a status: end the stream
-            await request.end(sse.error_event(body) if request.event_stream else b"")
+            await request.end(sse.data_event(body) if request.event_stream else b"")
 
     # ---- Django ---------------------------------------------------------------------------------
 

@@ -26,7 +26,8 @@ held, and the token counts read off the last chunks of the answer (``usage.token
 
 Queue comments (issue 17.7, ``waiting``): a streamed request that asked for them and has to wait
 gets its head early and comment lines while it waits; its answer then goes out as body only
-(the receipt is a comment line), and an error is one SSE error event (``sse.error_event``).
+(the receipt is a comment line), and an error is one SSE ``data:`` event of the error body
+(``sse.data_event``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from models_app.api import jsonbody, waiting
 from models_app.api.errors import NOT_FOUND, ApiError, dumps, error_body
 from models_app.api.lease import LeaseKeeper
 from models_app.api.request import Request
-from models_app.api.sse import error_event
+from models_app.api.sse import data_event
 from models_app.api.upstream import Answer, UpstreamError
 from models_app.bridge import Grant
 from routerpanel.router.receipts import Receipt
@@ -313,22 +314,25 @@ async def stream_back(
         log.warning("child on port %s broke off a response: %s", grant.port, exc.text)
         why = await api.router.why_ended(grant)
         if why is not None and is_event_stream(response):
-            last = error_event(dumps(why.body))  # SSE clients read the error
+            last = data_event(dumps(why.body))  # SSE clients read the error
     await request.end(last)
 
 
 def in_stream(status: int, body: bytes) -> bytes:
-    """A whole answer of the child's for a stream whose head went out early: its body as one
-    ``data:`` event, an error (status >= 400) in the error shape (the generic one for 404)."""
-    if status < 400:
-        return b"data: " + body + b"\n\n"
+    """A whole answer of the child's for a stream whose head went out early: one ``data:``
+    event — its body, compact, or for an error (status >= 400) the error in its shape (the
+    child's when it has one, the generic one for 404)."""
     if status == 404:
-        return error_event(NOT_FOUND)
+        return data_event(NOT_FOUND)
     try:
-        shaped = isinstance(jsonbody.parse(body).get("error"), dict)
-    except (ApiError, AttributeError):
-        shaped = False
-    return error_event(body if shaped else error_body(status, body.decode("utf-8", "replace")))
+        value = jsonbody.parse(body)
+    except ApiError:
+        value = None
+    if status < 400:
+        return data_event(dumps(value) if value is not None else b" ".join(body.splitlines()))
+    if isinstance(value, dict) and isinstance(value.get("error"), dict):
+        return data_event(dumps(value))
+    return data_event(error_body(status, body.decode("utf-8", "replace")))
 
 
 def is_event_stream(response: Answer) -> bool:

@@ -36,10 +36,11 @@ _DOWN = frozenset(state.value for state in DOWN)
 _FAILED = frozenset(state.value for state in FAILED_STATES)
 
 
-def error_event(body: bytes) -> bytes:
-    """An error in a stream that has started (``body``: ``{"error": {...}}``): one ``data:``
-    event, which OpenAI's and llama.cpp's clients read as the stream's error."""
-    return b"data: " + body + b"\n\n"
+def data_event(payload: bytes) -> bytes:
+    """One ``data:`` event (``payload``: compact JSON, one line). An error in a stream that has
+    started is one such event of the error body, ``{"error": {...}}``: OpenAI's and llama.cpp's
+    clients read it as the stream's error."""
+    return b"data: " + payload + b"\n\n"
 
 
 def llama_status(state: str | None) -> str | None:

@@ -18,7 +18,7 @@ a percentage only with a basis — the child's own loading progress (exact: ``40
 time this model's previous load took (an estimate: ``~40%``, never above 99), else none. After
 the grant, one line gives the receipt that can no longer go in headers, then the child's stream
 follows unchanged. An error after the head (max wait, cancelled by an operator, a failed load,
-a hung child) ends the stream with one ``data: {"error": ...}`` event (``sse.error_event``).
+a hung child) ends the stream with one ``data: {"error": ...}`` event (``sse.data_event``).
 
 A request granted within ``GRACE`` (its model ready) never starts early, nor does one the router
 shows not waiting (a ready model is granted without a queue entry): its answer is byte for byte
