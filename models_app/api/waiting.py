@@ -184,6 +184,7 @@ class Comments:
         pump = asyncio.ensure_future(self._pump())
         try:
             while not self._stopping:
+                self._changed.clear()  # a change from here on is news for the next line
                 line = await self._line()
                 if line is not None and not self._stopping and (line != self.last or self._due()):
                     await self._say(line)
@@ -196,9 +197,8 @@ class Comments:
         return time.monotonic() - self._said >= INTERVAL - MIN_GAP
 
     async def _pause(self) -> None:
-        """Until the next tick or a change, and at least MIN_GAP."""
+        """Until the next tick or a change (one during the sleep counts), at least MIN_GAP."""
         await asyncio.sleep(MIN_GAP)
-        self._changed.clear()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(INTERVAL - MIN_GAP):
                 await self._changed.wait()

@@ -4,6 +4,8 @@ path is in tests/process/test_queue_comments.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -15,6 +17,7 @@ from models_app.api import waiting
 from models_app.api.auth import Caller
 from models_app.api.proxy import in_stream
 from models_app.api.request import Request
+from routerpanel.router.catalogue import Event
 from routerpanel.router.receipts import Receipt
 from tests.app.conftest import AsgiClient, SimServer
 from tests.support.fake_router import FakeRouter, Grant, QueueThenGrant
@@ -108,6 +111,12 @@ class TestLines:
         assert in_stream(200, b'{"x":1}') == b'data: {"x":1}\n\n'
 
 
+async def layer_reply(router: FakeRouter, message: dict[str, Any], body: dict[str, Any]) -> None:
+    await router.layer.send(
+        message["reply_channel"], dict(bridge.result(message["request_id"], body))
+    )
+
+
 def request(path: str, headers: dict[str, str], caller: Caller | None = None) -> Request:
     scope = {
         "type": "http", "method": "POST", "path": path,
@@ -162,6 +171,38 @@ class TestThroughTheChannelLayer:
         assert set(lines[: first_data - 1]) == {": loading cold"}
         assert lines[first_data - 1] == ": routerpanel queue_ms=0 load_ms=0"
         assert lines[-1] == "data: [DONE]" and "simulated" in call.body.decode()
+
+    async def test_a_change_in_the_queue_is_told_at_once_not_at_the_next_tick(
+        self,
+        client: AsgiClient,
+        router: FakeRouter,
+        simserver: SimServer,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        monkeypatch.setattr(waiting, "INTERVAL", 60.0)  # no tick within the test's deadline
+        queued = QueueThenGrant(simserver.port)
+        router.add("cold", queued, status="unloaded")
+        place = {"position": 2}
+
+        async def router_snapshot(message: dict[str, Any]) -> None:
+            entries = [entry("warm", 1), entry("cold", 2)][2 - place["position"] :]
+            for n, each in enumerate(entries, start=1):
+                each["position"] = n
+            body = snapshot(model("warm"), model("cold", "unloaded"), queue=tuple(entries))
+            await layer_reply(router, message, body)
+
+        monkeypatch.setattr(router, "router_snapshot", router_snapshot)
+        call = client.start("POST", "/v1/chat/completions", json_body=chat("cold"), headers=HEADER)
+        await call.wait_body(lambda body: body == b": queued 2 of 2\n\n")
+        place["position"] = 1
+        async with asyncio.timeout(10):  # the talker subscribes beside its first look: retry
+            while b"queued 1 of 1" not in call.body:
+                await router.emit(Event.QUEUE_CHANGED, {"entries": []})
+                with contextlib.suppress(TimeoutError):
+                    await call.wait_body(lambda body: b"queued 1 of 1" in body, timeout=0.2)
+        assert call.body == b": queued 2 of 2\n\n: queued 1 of 1\n\n"
+        queued.release.set()
+        await call.finish()
 
     async def test_a_rejection_after_the_head_is_one_sse_error_event(
         self, client: AsgiClient, router: FakeRouter, layer: InMemoryChannelLayer
