@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('models_app', '0012_router_queue_policy'),
+        ('models_app', '0013_reservations'),
     ]
 
     operations = [
