@@ -361,7 +361,9 @@ class Admission:
         if reason is StopReason.SHUTDOWN:
             why = "the router is shutting down"
         else:
-            why = f"{reason} by {trigger.actor}" + (f" for {trigger.model}" if trigger.model else "")
+            why = f"{reason} by {trigger.actor}" + (
+                f" for {trigger.model}" if trigger.model else ""
+            )
         self._set_state(m, m.state, why, stopping=True)  # running -> running+stopping
         if m.state is LOADING or reason is StopReason.HUNG:  # S4: killed at once
             self._emit(Kill(m.spec.name, reason, trigger, m.in_flight))
