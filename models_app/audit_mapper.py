@@ -47,6 +47,12 @@ STOP_KINDS = {
     StopReason.SHUTDOWN: AuditKind.SHUTDOWN,
     StopReason.HUNG: AuditKind.HUNG,
 }
+# Why a lease ended without its release (the engine's ``why``), in the audit row's words.
+_LEASE_GONE = {
+    "not renewed": "lease not renewed in time: the web process serving it is gone",
+    "disconnected": "the web process holding it closed its connection to the router "
+    "(it exited or was killed): the lease ended at once",
+}
 EVICTIONS = (StopReason.EVICTION, StopReason.SHRINK)
 OWN_ROW = (*EVICTIONS, StopReason.HUNG)  # the stop's own event (evicted, hung) makes the row
 # Events that make no row and feed no row: the rest of the catalogue has a handler below.
@@ -348,8 +354,8 @@ class AuditMapper:
                 model=d.get("model") or "",
                 actor=d.get("actor") or "",
                 trigger_request=d.get("request_id") or "",
-                reason="lease not renewed in time: the web process serving it is gone",
-                details={"lease_id": d.get("lease_id")},
+                reason=_LEASE_GONE.get(d.get("why") or "", _LEASE_GONE["not renewed"]),
+                details={"lease_id": d.get("lease_id"), "why": d.get("why") or "not renewed"},
             )
         )
 

@@ -61,7 +61,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from channels.layers import BaseChannelLayer, get_channel_layer
@@ -100,6 +100,7 @@ from routerpanel.router.receipts import NO_RECEIPT, Receipt
 
 if TYPE_CHECKING:
     from models_app.liveness import RouterWatch
+    from models_app.routerlink import Connection
     from routerpanel.router.engine import Engine
     from routerpanel.router.errors import RouterError
 
@@ -162,6 +163,9 @@ class Grant:
     lease_ttl: float
     boot: str = ""
     receipt: Receipt = NO_RECEIPT  # what the request waited through (issue 17.3)
+    # The router connection it was granted over (team mode, routerlink.py): renew and release
+    # go on it; when it closes the router has ended the lease already.
+    via: Connection | None = field(default=None, compare=False, repr=False)
 
     @property
     def local(self) -> bool:
@@ -279,6 +283,8 @@ class RouterClient:
         watch = _watch()
         if watch is not None and (why := watch.lost(None)) is not None:
             raise router_unavailable(why)  # known dead: do not even queue a message
+        if watch is not None and (conn := await _connection(watch)) is not None:
+            return await self._acquire_linked(conn, model, actor, autoload, request_id, priority)
         wait = self._first_wait(watch)
         reply = await self._new_channel()
         envelope = _addressed(request_id, reply, watch, wait)
@@ -300,6 +306,41 @@ class RouterClient:
             await self._send_quietly(cancel)
             raise
         return self._grant_or_raise(answer)
+
+    async def _acquire_linked(
+        self,
+        conn: Connection,
+        model: str,
+        actor: str,
+        autoload: bool,
+        request_id: str,
+        priority: str,
+    ) -> Grant:
+        """``_acquire_remote`` over the router connection (routerlink.py): the same messages
+        and deadlines; a connection that closes answers 503 at once."""
+        wait = max(self.timeout, FIRST_ANSWER_CAP)  # the heartbeat tells life (the watch)
+        sent = time.time()
+        message = {
+            "type": "router.acquire", "model": model, "actor": actor, "autoload": autoload,
+            "priority": priority, "request_id": request_id, "sent": sent,
+            "expires": sent + wait - EXPIRY_MARGIN, "boot": conn.boot,
+        }  # fmt: skip
+        answers = conn.expect(request_id)
+        try:
+            conn.send(message)
+            try:
+                async with asyncio.timeout(wait):
+                    answer = _linked_answer(await answers.get())
+            except TimeoutError:
+                raise router_unavailable() from None
+            while answer["type"] == "router.queued":  # no deadline but the router's life
+                answer = _linked_answer(await answers.get())
+        except (asyncio.CancelledError, RouterRejected):
+            conn.send({"type": "router.cancel", "request_id": request_id, **_quiet()})
+            raise
+        finally:
+            conn.forget(request_id)
+        return replace(self._grant_or_raise(answer), via=conn)
 
     def _first_wait(self, watch: RouterWatch | None) -> float:
         """The first answer's deadline: the heartbeat tells life in team mode, not a timeout."""
@@ -323,14 +364,18 @@ class RouterClient:
                 }
                 await self._send(recheck)
 
-    async def renew(self, lease_id: str, idle: float | None = None) -> None:
+    async def renew(self, lease: Grant | str, idle: float | None = None) -> None:
         """Keep a remote lease alive; ``idle``: seconds since the last byte went out."""
+        lease_id = lease if isinstance(lease, str) else lease.lease_id
         message: RenewMessage = {
             "type": "router.renew",
             "lease_id": lease_id,
             "idle": idle,
             **_quiet(),
         }
+        if isinstance(lease, Grant) and lease.via is not None:
+            lease.via.send(message)  # closed: the router ended the lease already
+            return
         await self._send_quietly(message)
 
     def progress(self, grant: Grant) -> None:
@@ -346,6 +391,9 @@ class RouterClient:
             host.engine.release(lease_id)
             return
         message: ReleaseMessage = {"type": "router.release", "lease_id": lease_id, **_quiet()}
+        if isinstance(grant, Grant) and grant.via is not None:
+            grant.via.send(message)  # closed: the router ended the lease already
+            return
         await self._send_quietly(message)
 
     async def why_ended(self, grant: Grant) -> RouterRejected | None:
@@ -586,6 +634,21 @@ def _quiet() -> Stamped:
     """The deadline fields of a message that gives something back: none waits for an answer."""
     sent = time.time()
     return {"sent": sent, "expires": sent + QUIET_EXPIRY}
+
+
+def _linked_answer(item: Mapping[str, Any] | str) -> Reply:
+    """An answer that came over the router connection; a str says why the link failed."""
+    if isinstance(item, str):
+        raise router_unavailable(item)
+    answer: Reply = item  # type: ignore[assignment]  # the router sends nothing else
+    return answer
+
+
+async def _connection(watch: RouterWatch) -> Connection | None:
+    """The router connection of this process (team mode), or None: the channel layer."""
+    from models_app import routerlink
+
+    return await routerlink.connection(watch)
 
 
 def _watch() -> RouterWatch | None:

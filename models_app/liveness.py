@@ -54,12 +54,16 @@ class Beat:
     host: str
     time: float  # wall clock of the beat
     started: float
+    link: str = ""  # where web processes connect (routerlink.py): "unix:PATH"; "": channels only
 
     @classmethod
     def parse(cls, raw: bytes | str | None) -> Beat | None:
         try:
             data = json.loads(raw) if raw else None
-            return cls(**data) if isinstance(data, dict) else None
+            if not isinstance(data, dict):
+                return None
+            known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+            return cls(**known)  # a newer router's extra fields are not an error
         except (TypeError, ValueError):
             return None
 
@@ -74,8 +78,10 @@ class Heartbeat:
         every: float = BEAT_EVERY,
         ttl: float = BEAT_TTL,
         on_back: Callable[[float], None] | None = None,
+        link: str = "",
     ) -> None:
         self.boot = boot
+        self.link = link  # the address the router's data path listens on, advertised
         self.on_back = on_back  # called with the outage's length when Redis returns
         self.every, self.ttl = every, ttl
         self.started = time.time()
@@ -85,7 +91,8 @@ class Heartbeat:
         self.resumed_at = 0.0  # wall clock: the end of the last lapse (see ``stale_before``)
 
     def value(self) -> str:
-        beat = Beat(self.boot, os.getpid(), socket.gethostname(), time.time(), self.started)
+        host = socket.gethostname()
+        beat = Beat(self.boot, os.getpid(), host, time.time(), self.started, self.link)
         return json.dumps(beat.__dict__)
 
     async def run(self) -> None:

@@ -50,7 +50,9 @@ def raise_open_files_limit(wanted: int = OPEN_FILES) -> int:
 class RouterProcess:
     """The router of this process (see module doc); ``options`` are the command's flags."""
 
-    def __init__(self, options: dict[str, Any], *, on_failure: Callable[[str], None]) -> None:
+    def __init__(
+        self, options: dict[str, Any], *, on_failure: Callable[[str], None], link: bool = False
+    ) -> None:
         from channels.layers import get_channel_layer
 
         from models_app.worker import RouterHost
@@ -71,6 +73,11 @@ class RouterProcess:
             before_reload=reimport_sources,
             boot=self.boot,
         )
+        if link and settings.REDIS_URL and settings.ROUTERPANEL_ROUTER_LINK:
+            from models_app import routerlink
+
+            path = routerlink.socket_path(settings.DATA_DIR)
+            self.host.link = routerlink.LinkServer(self.host, routerlink.Address("unix", str(path)))
         self._tasks: list[asyncio.Task[Any]] = []
 
     def acquire_lock(self) -> None:

@@ -60,7 +60,7 @@ from models_app.messages import (
     UnloadCall,
     WaitingMessage,
 )
-from models_app.metrics import RouterMetrics
+from models_app.metrics import Family, RouterMetrics
 from routerpanel.router.catalogue import Event
 from routerpanel.router.engine import Engine
 from routerpanel.router.errors import RouterError
@@ -69,6 +69,7 @@ from routerpanel.router.feed import EngineEvent, Subscription
 log = logging.getLogger(__name__)
 
 QUEUED_AFTER = 0.5  # seconds: an acquire not answered by then is told "queued" first
+TRANSPORTS = ("socket", "channel")
 EXPIRED_NOTE_EVERY = 10.0  # seconds: dropped expired messages are published this often at most
 
 _host: RouterHost | None = None
@@ -105,6 +106,8 @@ class RouterHost:
         self._readers: list[asyncio.Task[None]] = []
         self._listeners: list[Callable[[EngineEvent], None]] = []
         self._expired: Counter[str] = Counter()
+        self.acquires: Counter[str] = Counter()  # by transport: "socket", "channel" (metrics)
+        self.link: Any = None  # routerlink.LinkServer of team mode: started before the beat
         self._expired_flush: asyncio.TimerHandle | None = None
         # The handler of each message type; a message comes off the channel layer untyped (Any)
         # and its "type" says which of messages.py's TypedDicts it is.
@@ -148,8 +151,11 @@ class RouterHost:
         leftovers = await self.engine.start()
         for leftover in leftovers:
             log.warning("killed a leftover child from an earlier router: %s", leftover)
+        address = ""
+        if self.link is not None:
+            address = await self.link.start()  # "" when it cannot listen: channels only
         if self.heartbeat:
-            self._beat = liveness.Heartbeat(self.boot, on_back=self.redis_back)
+            self._beat = liveness.Heartbeat(self.boot, on_back=self.redis_back, link=address)
             self._spawn(self._beat.run())
         _host = self
         bridge.register_local(self)
@@ -162,6 +168,8 @@ class RouterHost:
             bridge.register_local(None)
         if self.engine is not None:
             await self.engine.shutdown()  # ends the subscriptions after their last events
+        if self.link is not None:
+            await self.link.stop()  # after the engine's last answers went out on it
         if self._readers:
             await asyncio.wait(self._readers, timeout=10)
         pending = [*self._readers, *self._tasks]
@@ -292,7 +300,11 @@ class RouterHost:
         return {"memory": self._engine.memory_history()}
 
     def _metrics(self) -> MetricsAnswer:
-        return {"metrics": self.metrics.families(self._engine.snapshot())}
+        families = self.metrics.families(self._engine.snapshot())
+        by = [("", {"transport": kind}, float(self.acquires[kind])) for kind in TRANSPORTS]
+        text = "Acquires this router answered, by the way they came (socket: routerlink.py)."
+        families.append(Family("acquires_total", "counter", text, by).as_json())
+        return {"metrics": families}
 
     def _logs(self, call: LogsCall) -> LogsAnswer:
         return {"logs": self._engine.logs(call["model"])}
@@ -308,11 +320,24 @@ class RouterHost:
     # ---- message handlers (channel layer), one per type -------------------------------------
 
     def router_acquire(self, message: AcquireMessage) -> None:
-        request_id = message["request_id"]
-        self._acquires[request_id] = self._spawn(self._acquire(message))
-
-    async def _acquire(self, message: AcquireMessage) -> None:
         request_id, reply = message["request_id"], message["reply_channel"]
+        self.acquires["channel"] += 1
+
+        async def answer(out: AcquireAnswer) -> None:
+            await self.layer.send(reply, out)
+
+        self._acquires[request_id] = self._spawn(self.acquire(message, answer))
+
+    async def acquire(
+        self,
+        message: AcquireMessage,
+        answer_with: Callable[[AcquireAnswer], Awaitable[None]],
+        on_grant: Callable[[str, str], None] | None = None,
+    ) -> None:
+        """Acquire for ``message`` and answer it through ``answer_with`` (a reply channel, or a
+        socket: routerlink.py); "queued" first when the grant is not at once. ``on_grant``
+        (lease id, request id) is called before the grant is answered."""
+        request_id = message["request_id"]
         wait = asyncio.ensure_future(
             self._engine.acquire(
                 message["model"],
@@ -327,7 +352,7 @@ class RouterHost:
             done, _ = await asyncio.wait({wait}, timeout=QUEUED_AFTER)
             if not done:
                 position = self._queue_position(message["model"])
-                await self.layer.send(reply, bridge.queued(request_id, position, self.boot))
+                await answer_with(bridge.queued(request_id, position, self.boot))
             lease = await wait
         except RouterError as exc:
             error = bridge.error_body(exc.status, exc.message, exc.error_type)
@@ -336,13 +361,15 @@ class RouterHost:
             wait.cancel()
             raise
         else:
+            if on_grant is not None:
+                on_grant(lease.lease_id, request_id)
             ttl = self._engine.config.lease_ttl  # not snapshot(): that builds every model's view
             answer = bridge.granted(
                 request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot, lease.receipt
             )
         finally:
             self._acquires.pop(request_id, None)
-        await self.layer.send(reply, answer)
+        await answer_with(answer)
 
     def _queue_position(self, model: str) -> int:
         return self._engine.queue_position(model)

@@ -124,6 +124,10 @@ REDIS_URL = envstr("REDIS_URL")
 # Every Redis key of this installation starts with it (channels, the router's lock and
 # heartbeat): two installations, or a test run, can share one Redis server without meeting.
 ROUTERPANEL_REDIS_PREFIX = envstr("ROUTERPANEL_REDIS_PREFIX", "routerpanel")
+# Team mode's data path (acquire/renew/release/cancel): one socket per web process to its
+# router (models_app/routerlink.py). false: runrouter does not listen and web processes use the
+# channel layer for these too.
+ROUTERPANEL_ROUTER_LINK = envbool("ROUTERPANEL_ROUTER_LINK", True)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {

@@ -44,7 +44,7 @@ class LeaseKeeper:
     def _renew(self) -> None:
         self.renewals += 1
         idle = self._loop.time() - self.last_byte
-        task = asyncio.ensure_future(self._router.renew(self.lease_id, idle))
+        task = asyncio.ensure_future(self._router.renew(self.grant, idle))
         self._renewing.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._renewing.discard)
         self._timer = self._loop.call_later(self.interval, self._renew)

@@ -136,6 +136,13 @@ class Callers:
                 del self._models[record.lease.model]
         return record.lease.request_id
 
+    def end(self, lease_id: str) -> Lease | None:
+        """End a lease; return it, or None if it had already ended."""
+        record = self._leases.get(lease_id)
+        if record is None or self.release(lease_id) is None:
+            return None
+        return record.lease
+
     def renew(self, lease_id: str, expires_at: float) -> bool:
         record = self._leases.get(lease_id)
         if record is not None and expires_at > record.expires_at:

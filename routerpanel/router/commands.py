@@ -48,6 +48,15 @@ class Release:
     lease_id: str
 
 
+@dataclass(frozen=True)
+class Drop:
+    """The lease's holder is gone (its connection to the router closed): end it, audited like
+    an expiry, without waiting for the lease TTL."""
+
+    lease_id: str
+    why: str
+
+
 @dataclass(eq=False)
 class Unload:
     model: str
@@ -133,6 +142,7 @@ Command = (
     Acquire
     | Leave
     | Release
+    | Drop
     | Unload
     | CancelQueued
     | Reload

@@ -142,6 +142,11 @@ class Engine(Inbox):
         """Finish the leased request; idempotent."""
         self._post(commands.Release(lease_id))
 
+    def drop(self, lease_id: str, *, why: str) -> None:
+        """End a lease whose holder is gone (``why``: how we know); idempotent. Published as
+        ``lease.expired`` with ``why``, like a lease that was not renewed in time."""
+        self._post(commands.Drop(lease_id, why))
+
     def cancel(self, request_id: str) -> None:
         """Make a queued waiter leave (A7), or release the request's lease."""
         self._post(commands.Leave(request_id))

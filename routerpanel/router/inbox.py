@@ -20,7 +20,7 @@ from routerpanel.router.base import alias_map
 from routerpanel.router.callers import fail, resolve
 from routerpanel.router.catalogue import Event
 from routerpanel.router.config import preset_map
-from routerpanel.router.errors import RouterError, unavailable
+from routerpanel.router.errors import Lease, RouterError, unavailable
 from routerpanel.router.hangs import HangWatch
 from routerpanel.router.scheduler import NotRunningError, UnknownModelError
 
@@ -34,7 +34,8 @@ class Inbox(HangWatch):
         super().__init__(*args, **kwargs)
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             commands.Acquire: self._on_acquire, commands.Leave: self._on_leave,
-            commands.Release: self._on_release, commands.Unload: self._on_unload,
+            commands.Release: self._on_release, commands.Drop: self._on_drop,
+            commands.Unload: self._on_unload,
             commands.CancelQueued: self._on_cancel_queued, commands.Reload: self._on_reload,
             commands.UpdateSettings: self._on_settings,
             commands.SetReservations: self._on_reservations,
@@ -99,6 +100,15 @@ class Inbox(HangWatch):
     def _on_release(self, cmd: commands.Release) -> None:
         if (request_id := self._callers.release(cmd.lease_id)) is not None:
             self._apply(self._scheduler.request_finished(request_id, now=self._clock()))
+
+    def _on_drop(self, cmd: commands.Drop) -> None:
+        if (lease := self._callers.end(cmd.lease_id)) is not None:
+            self._lease_gone(lease, cmd.why)
+
+    def _lease_gone(self, lease: Lease, why: str) -> None:
+        data = {"lease_id": lease.lease_id, "request_id": lease.request_id, "why": why}
+        self._emit(Event.LEASE_EXPIRED, data | {"model": lease.model, "actor": lease.actor})
+        self._apply(self._scheduler.request_finished(lease.request_id, now=self._clock()))
 
     def _on_unload(self, cmd: commands.Unload) -> None:
         actor = cmd.actor or "anonymous"
@@ -165,9 +175,7 @@ class Inbox(HangWatch):
     def _on_tick(self, _: commands.Tick) -> None:
         now = self._clock()
         for lease in self._callers.expired(now):  # a dead web process cannot pin a model
-            data = {"lease_id": lease.lease_id, "request_id": lease.request_id}
-            self._emit(Event.LEASE_EXPIRED, data | {"model": lease.model, "actor": lease.actor})
-            self._apply(self._scheduler.request_finished(lease.request_id, now=now))
+            self._lease_gone(lease, "not renewed")
         self._apply(self._scheduler.tick(now=now))
         for name in self._watchdog.due(self._busy(), now):
             self._start_probe(name)

@@ -43,7 +43,7 @@ class Command(BaseCommand):
                 "use `serve` for a single-process setup"
             )
         self.failure: str | None = None
-        router = RouterProcess(options, on_failure=self._failed)
+        router = RouterProcess(options, on_failure=self._failed, link=True)
         try:
             router.acquire_lock()
         except LockHeld as exc:
@@ -86,7 +86,11 @@ class Command(BaseCommand):
         except Exception as exc:
             router.lock.release()
             raise CommandError(f"failed to start the router: {exc}") from None
-        self.stdout.write(f"router running (pid {os.getpid()}, boot {router.boot})")
+        link = router.host.link
+        where = str(link.address) if link is not None and link.listening else "channel layer only"
+        self.stdout.write(
+            f"router running (pid {os.getpid()}, boot {router.boot}; data path: {where})"
+        )
         self.stdout.flush()
         failed = asyncio.ensure_future(router.wait())
         stopping = asyncio.ensure_future(self._stop.wait())

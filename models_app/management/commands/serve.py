@@ -140,6 +140,9 @@ class Command(BaseCommand):
         router = None if options["no_router"] else EmbeddedRouter(self, options)
         if router is None:
             raise_open_files_limit()
+            from models_app import routerlink
+
+            self.stdout.write(routerlink.startup_note())
         # The URL only once the socket listens and the router has started: a busy port or a
         # router that refuses to start (too many startup models...) must not look like success.
         ready = Announcement(

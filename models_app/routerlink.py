@@ -1,0 +1,492 @@
+"""Team mode's data path: one persistent connection per web process to its router (issue 16.2).
+
+Acquire, renew, release and cancel go over one socket between a web process and ``runrouter``
+instead of the Redis channel layer (a channels_redis send+receive costs ~1.6 ms, a round trip
+on a kept socket ~0.1 ms). The channel layer stays for events, the dashboard, discovery and the
+calls (load, unload, snapshot…); a router that advertises no address, or one out of reach, is
+used over the channel layer as before.
+
+**Address.** ``unix:PATH`` (the router's data dir, mode 0600, replaced when stale, removed on
+exit) — ``tcp:HOST:PORT`` is the form for routers on other nodes (issue 8), parsed here but not
+listened on yet. The router advertises its address in its heartbeat (liveness.py) beside its
+boot id; a web process uses a ``unix:`` address only when the heartbeat comes from its own host.
+
+**Framing.** One JSON object per line (UTF-8, ``\\n``), at most ``LINE_LIMIT`` bytes. The router
+speaks first: ``{"type": "link.hello", "boot", "protocol"}``. Then the web side sends the
+bridge's messages (messages.py) without a reply channel — ``router.acquire`` (with
+``request_id``, ``sent``, ``expires``, ``boot``), ``router.renew``, ``router.release``,
+``router.cancel`` — and the router answers an acquire with the same ``router.queued`` /
+``router.granted`` / ``router.rejected`` payloads as on the channel layer, each naming its
+``request_id``: many requests share the connection, multiplexed by id.
+
+**Order.** The router reads a connection's lines one at a time and hands each to the engine in
+that order, so an acquire and the cancel or release that follows it are never reordered.
+
+**Deadlines and loss.** The router drops an acquire whose sender gave up (``RouterHost.stale``:
+expired, another boot, sent while its heartbeat lapsed). When a connection closes, the router
+cancels its waiting acquires and ends the leases granted over it at once (``lease.expired``,
+why ``disconnected``), without waiting for the lease TTL. On the web side every request still
+waiting on a connection that closes is answered 503 ``router unavailable`` at once; the router's
+heartbeat watch answers them too when the router is frozen or replaced (the connection stays).
+A connection that cannot be made is retried with back-off; meanwhile the channel path serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import socket
+import stat
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from models_app.liveness import RouterWatch
+    from models_app.messages import AcquireAnswer, AcquireMessage
+    from models_app.worker import RouterHost
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = 1
+HELLO = "link.hello"
+LINE_LIMIT = 1 << 20  # bytes in one line (a message); a longer one closes the connection
+SOCKET_NAME = "router.sock"
+UNIX_PATH_MAX = 100  # sun_path is 104 (macOS) or 108 (Linux) bytes, the final NUL included
+CONNECT_TIMEOUT = 2.0  # seconds to connect and hear the router's hello
+FIRST_BACKOFF = 0.1  # seconds before trying again after a failed connect; doubles up to
+MAX_BACKOFF = 2.0
+DISCONNECTED = "disconnected"  # the engine's ``why`` for a lease whose connection closed
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where a router listens: ``unix:PATH`` or ``tcp:HOST:PORT``."""
+
+    kind: str
+    path: str = ""
+    host: str = ""
+    port: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> Address | None:
+        kind, _, rest = text.partition(":")
+        if kind == "unix" and rest:
+            return cls("unix", path=rest)
+        if kind == "tcp":
+            host, _, port = rest.rpartition(":")
+            if host and port.isdigit():
+                return cls("tcp", host=host.strip("[]"), port=int(port))
+        return None
+
+    def __str__(self) -> str:
+        return f"unix:{self.path}" if self.kind == "unix" else f"tcp:{self.host}:{self.port}"
+
+
+def socket_path(data_dir: Path) -> Path:
+    """The router's socket: in its data dir, or (a path too long for a socket) in the temp dir
+    under a name derived from the data dir, so it is still one per data dir."""
+    path = Path(data_dir).resolve() / SOCKET_NAME
+    if len(os.fsencode(path)) <= UNIX_PATH_MAX:
+        return path
+    digest = hashlib.sha256(os.fsencode(path)).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"routerpanel-{digest}.sock"
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any] | None:
+    """A message, or None for a line that is not a JSON object."""
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) and isinstance(message.get("type"), str) else None
+
+
+async def read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next message; None at the end of the stream. A line that is not a message is
+    skipped; one longer than LINE_LIMIT raises ValueError (the connection is not to be trusted).
+    """
+    while True:
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError:
+            return None  # closed (a partial last line is no message)
+        except asyncio.LimitOverrunError as exc:
+            raise ValueError("message longer than the line limit") from exc
+        message = decode(line)
+        if message is not None:
+            return message
+        log.warning("router link: skipped a line that is not a message: %.80r", line)
+
+
+# ---- router side ----------------------------------------------------------------------------
+
+
+class LinkServer:
+    """The router's listener (one asyncio server); every connection is a ``_Peer``."""
+
+    def __init__(self, host: RouterHost, address: Address) -> None:
+        self.host = host
+        self.address = address
+        self.peers: set[_Peer] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> str:
+        """Listen; return the address to advertise ("" when it cannot: channels only)."""
+        if self.address.kind != "unix":
+            log.warning("router link: %s is not supported yet; channels only", self.address)
+            return ""
+        path = Path(self.address.path)
+        try:
+            _remove_stale(path)  # the router's lock says no other router owns this data dir
+            old = os.umask(0o177)  # created 0600: no moment where another user could connect
+            try:
+                self._server = await asyncio.start_unix_server(
+                    self._serve, path=str(path), limit=LINE_LIMIT
+                )
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o600)
+        except OSError as exc:
+            log.warning("router link: cannot listen on %s (%s); channels only", path, exc)
+            return ""
+        return str(self.address)
+
+    @property
+    def listening(self) -> bool:
+        return self._server is not None
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for peer in list(self.peers):
+            peer.writer.close()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2):
+                await server.wait_closed()
+        if self.address.kind == "unix":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.address.path)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = _Peer(self.host, writer)
+        self.peers.add(peer)
+        try:
+            peer.send({"type": HELLO, "boot": self.host.boot, "protocol": PROTOCOL})
+            while (message := await read_message(reader)) is not None:
+                peer.handle(message)  # one at a time, in order (see module doc)
+        except (ConnectionError, ValueError) as exc:
+            log.info("router link: a connection ended: %s", exc)
+        finally:
+            self.peers.discard(peer)
+            peer.closed()
+            writer.close()
+
+
+def _remove_stale(path: Path) -> None:
+    """Remove what a killed router left at ``path`` (a socket only: never another file)."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(f"{path} exists and is not a socket")
+    path.unlink()
+
+
+class _Peer:
+    """One web process's connection, router side: its waiting acquires and granted leases."""
+
+    def __init__(self, host: RouterHost, writer: asyncio.StreamWriter) -> None:
+        self.host = host
+        self.writer = writer
+        self.acquires: dict[str, asyncio.Task[Any]] = {}
+        self.leases: dict[str, str] = {}  # lease id -> request id, granted over this connection
+        self.open = True
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        if self.open and not self.writer.is_closing():
+            self.writer.write(encode(message))
+
+    async def answer(self, message: AcquireAnswer) -> None:
+        self.send(message)
+
+    def handle(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        host = self.host
+        engine = host.engine
+        if engine is None:
+            return
+        if kind == "router.acquire":
+            request_id = str(message.get("request_id") or "")
+            if not request_id or host.stale(message):
+                host.drop_expired(message)  # its sender has answered its client: never run it
+                return
+            host.acquires["socket"] += 1
+            acquire = cast("AcquireMessage", message)
+            self.acquires[request_id] = host._spawn(self._acquire(request_id, acquire))
+        elif kind == "router.renew":
+            host.router_renew(cast(Any, message))
+        elif kind == "router.release":
+            self.leases.pop(str(message.get("lease_id")), None)
+            engine.release(str(message.get("lease_id")))
+        elif kind == "router.cancel":
+            request_id = str(message.get("request_id"))
+            if (task := self.acquires.pop(request_id, None)) is not None:
+                task.cancel()
+            for lease_id in [k for k, v in self.leases.items() if v == request_id]:
+                del self.leases[lease_id]
+            engine.cancel(request_id)
+        else:
+            log.info("router link: unknown message %s", kind)
+
+    async def _acquire(self, request_id: str, message: AcquireMessage) -> None:
+        try:
+            await self.host.acquire(message, self.answer, self._granted)
+        finally:
+            if self.acquires.get(request_id) is asyncio.current_task():
+                del self.acquires[request_id]
+
+    def _granted(self, lease_id: str, request_id: str) -> None:
+        if self.open:
+            self.leases[lease_id] = request_id
+        elif self.host.engine is not None:  # the connection closed while it was granted
+            self.host.engine.drop(lease_id, why=DISCONNECTED)
+
+    def closed(self) -> None:
+        """The web process is gone: its waiters leave, its leases end now."""
+        self.open = False
+        for task in list(self.acquires.values()):
+            task.cancel()  # the engine's acquire leaves the queue, or gives a grant back
+        self.acquires.clear()
+        engine = self.host.engine
+        if engine is not None:
+            for lease_id in self.leases:
+                with contextlib.suppress(Exception):  # the engine may be shutting down
+                    engine.drop(lease_id, why=DISCONNECTED)
+        self.leases.clear()
+
+
+# ---- web side -------------------------------------------------------------------------------
+
+
+class Connection:
+    """A web process's connection to its router, shared by every request of its event loop."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, boot: str
+    ) -> None:
+        self.writer = writer
+        self.boot = boot
+        self.pending: dict[str, asyncio.Queue[dict[str, Any] | str]] = {}
+        self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._reader = asyncio.ensure_future(self._read(reader))
+        self._watcher: asyncio.Task[None] | None = None
+
+    @property
+    def open(self) -> bool:
+        return not self.closed.done()
+
+    def watch(self, watch: RouterWatch) -> None:
+        """Answer this connection's waiters 503 when the heartbeat says its router is gone."""
+        self._watcher = asyncio.ensure_future(self._until_gone(watch))
+
+    def send(self, message: Mapping[str, Any]) -> bool:
+        """Write a message; False when the connection is closed."""
+        if not self.open:
+            return False
+        self.writer.write(encode(message))
+        return True
+
+    def expect(self, request_id: str) -> asyncio.Queue[dict[str, Any] | str]:
+        """The queue the answers to ``request_id`` arrive on (a str: the link failed, why)."""
+        queue: asyncio.Queue[dict[str, Any] | str] = asyncio.Queue()
+        if not self.open:
+            queue.put_nowait(self.closed.result())
+        self.pending[request_id] = queue
+        return queue
+
+    def forget(self, request_id: str) -> None:
+        self.pending.pop(request_id, None)
+
+    def close(self, why: str = "the connection to the router closed") -> None:
+        if self.closed.done():
+            return
+        self.closed.set_result(why)
+        self.writer.close()
+        self._fail_pending(why)
+        for task in (self._reader, self._watcher):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+
+    def _fail_pending(self, why: str) -> None:
+        for queue in self.pending.values():
+            queue.put_nowait(why)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        why = "the connection to the router closed"
+        try:
+            while (message := await read_message(reader)) is not None:
+                queue = self.pending.get(str(message.get("request_id")))
+                if queue is not None:
+                    queue.put_nowait(message)
+        except (ConnectionError, ValueError) as exc:
+            why = f"the connection to the router failed: {exc}"
+        finally:
+            self.close(why)
+
+    async def _until_gone(self, watch: RouterWatch) -> None:
+        while self.open:
+            why = await watch.gone(self.boot)
+            self._fail_pending(why)  # a frozen router: its senders' waits end now
+            if watch.beat is not None and watch.beat.boot != self.boot:
+                self.close(why)  # replaced: this connection has nothing more to say
+                return
+            changed = watch.changed
+            await changed.wait()
+
+
+class Link:
+    """Connect lazily to one address and keep the connection; retry with back-off."""
+
+    def __init__(self, address: Address) -> None:
+        self.address = address
+        self.loop = asyncio.get_running_loop()
+        self.connection: Connection | None = None
+        self._connecting: asyncio.Future[Connection | None] | None = None
+        self._retry_at = 0.0
+        self._backoff = FIRST_BACKOFF
+
+    async def connect(self, watch: RouterWatch) -> Connection | None:
+        """The open connection, made now if need be; None while connecting fails (back-off)."""
+        conn = self.connection
+        if conn is not None and conn.open:
+            return conn
+        if self._connecting is None:
+            if time.monotonic() < self._retry_at:
+                return None
+            self._connecting = asyncio.ensure_future(self._connect(watch))
+        connecting = self._connecting
+        try:
+            return await asyncio.shield(connecting)
+        finally:
+            if connecting.done() and self._connecting is connecting:
+                self._connecting = None
+
+    async def _connect(self, watch: RouterWatch) -> Connection | None:
+        writer = None
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                reader, writer = await _open(self.address)
+                hello = await read_message(reader)
+            if hello is None or hello.get("type") != HELLO:
+                raise ConnectionError(f"no hello from the router: {hello!r}")
+        except (OSError, TimeoutError, ValueError) as exc:
+            if writer is not None:
+                writer.close()
+            if self._backoff == FIRST_BACKOFF:
+                log.warning("router link: cannot connect to %s (%s)", self.address, exc)
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, MAX_BACKOFF)
+            return None
+        self._backoff = FIRST_BACKOFF
+        conn = Connection(reader, writer, str(hello.get("boot") or ""))
+        conn.watch(watch)
+        self.connection = conn
+        return conn
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+
+
+async def _open(address: Address) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    if address.kind == "unix":
+        return await asyncio.open_unix_connection(address.path, limit=LINE_LIMIT)
+    reader, writer = await asyncio.open_connection(address.host, address.port, limit=LINE_LIMIT)
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return reader, writer
+
+
+_links: dict[int, Link] = {}
+
+
+def enabled() -> bool:
+    """``ROUTERPANEL_ROUTER_LINK`` (default on): off keeps team mode on the channel layer."""
+    from django.conf import settings
+
+    return bool(getattr(settings, "ROUTERPANEL_ROUTER_LINK", True))
+
+
+def reachable(watch: RouterWatch) -> Address | None:
+    """The address the live router advertises, if this process can use it."""
+    beat = watch.beat
+    if beat is None or not beat.link or not enabled():
+        return None
+    address = Address.parse(beat.link)
+    if address is None or address.kind != "unix":
+        return None  # tcp: when routers run on other nodes (issue 8)
+    if beat.host != socket.gethostname():
+        return None  # a Unix socket on another host is out of reach: channels
+    return address
+
+
+async def connection(watch: RouterWatch) -> Connection | None:
+    """This event loop's connection to the router, or None: use the channel layer."""
+    address = reachable(watch)
+    if address is None:
+        return None
+    key = id(asyncio.get_running_loop())
+    link = _links.get(key)
+    if link is None or link.address != address or link.loop is not asyncio.get_running_loop():
+        if link is not None:
+            link.close()
+        link = _links[key] = Link(address)
+    return await link.connect(watch)
+
+
+def startup_note() -> str:
+    """``serve --no-router``'s line about the data path, from the router's heartbeat now."""
+    from django.conf import settings
+
+    from models_app import liveness
+
+    if not enabled():
+        return "data path to the router: the channel layer (ROUTERPANEL_ROUTER_LINK is off)"
+    try:
+        import redis
+
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1
+        )
+        try:
+            beat = liveness.Beat.parse(client.get(liveness.heartbeat_key()))
+        finally:
+            client.close()
+    except Exception as exc:
+        return (
+            f"data path to the router: not known yet (Redis: {exc}); socket when it advertises one"
+        )
+    if beat is None:
+        return "data path to the router: no router running yet; socket when it advertises one"
+    if not beat.link:
+        return "data path to the router: the channel layer (the router advertises no socket)"
+    if beat.host != socket.gethostname() or not beat.link.startswith("unix:"):
+        where = f"{beat.link} on {beat.host}"
+        return f"data path to the router: the channel layer ({where} is out of reach)"
+    return f"data path to the router: socket {beat.link} (router boot {beat.boot})"

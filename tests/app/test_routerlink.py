@@ -1,0 +1,326 @@
+"""Team mode's router connection (routerlink.py): framing, multiplexing, order, loss.
+
+A real ``RouterHost`` with simulated children listens on a Unix socket in the test's directory;
+the tests speak to it as a web process does, raw (to see the order of what arrives) or through
+``RouterClient`` over a ``Connection``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import InMemoryChannelLayer
+
+from models_app import routerlink
+from models_app.bridge import RouterClient, RouterRejected
+from models_app.models import Preset, RouterSettings
+from models_app.routerlink import Address, Connection, LinkServer
+from models_app.sources import simserver_command
+from models_app.worker import RouterHost
+from routerpanel.router.catalogue import Event
+
+pytestmark = pytest.mark.django_db(transaction=True)
+DEADLINE = 30.0
+
+
+def setup_database() -> None:
+    for name in ("m1", "m2"):
+        preset = Preset(name=name, server_bin=simserver_command(), args=[["sim-load-ms", "50"]])
+        preset.full_clean()
+        preset.save()
+    row = RouterSettings.load()
+    row.models_max = 1
+    row.save()
+
+
+@pytest.fixture
+async def host(tmp_path: Path) -> AsyncIterator[RouterHost]:
+    await sync_to_async(setup_database)()
+    host = RouterHost(InMemoryChannelLayer(), state_file=tmp_path / "children.json")
+    host.link = LinkServer(host, Address("unix", str(routerlink.socket_path(tmp_path))))
+    await host.start()
+    assert host.link.listening
+    yield host
+    await asyncio.wait_for(host.stop(), DEADLINE)
+
+
+class Raw:
+    """A web process's side of the socket, spoken by hand."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, host: RouterHost) -> tuple[Raw, dict[str, Any]]:
+        path = host.link.address.path
+        reader, writer = await asyncio.open_unix_connection(path)
+        raw = cls(reader, writer)
+        return raw, await raw.next()
+
+    def send(self, *messages: dict[str, Any]) -> None:
+        self.writer.write(b"".join(routerlink.encode(m) for m in messages))  # one write
+
+    async def next(self) -> dict[str, Any]:
+        async with asyncio.timeout(DEADLINE):
+            message = await routerlink.read_message(self.reader)
+        assert message is not None, "the router closed the connection"
+        return message
+
+    async def until(self, request_id: str, *types: str) -> dict[str, Any]:
+        while True:
+            message = await self.next()
+            if message.get("request_id") == request_id and message["type"] in types:
+                return message
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def acquire(request_id: str, model: str, **extra: Any) -> dict[str, Any]:
+    now = time.time()
+    return {"type": "router.acquire", "request_id": request_id, "model": model, "actor": "t",
+            "autoload": True, "sent": now, "expires": now + 30, "boot": None, **extra}  # fmt: skip
+
+
+def in_flight(host: RouterHost) -> dict[str, int]:
+    assert host.engine is not None
+    return {m["name"]: m["in_flight"] for m in host.engine.snapshot()["models"] if m["in_flight"]}
+
+
+async def until(check: Any, what: str, deadline: float = DEADLINE) -> None:
+    async with asyncio.timeout(deadline):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+# ---- framing ------------------------------------------------------------------------------
+
+
+def test_addresses_parse_for_unix_and_tcp() -> None:
+    assert Address.parse("unix:/run/rp/router.sock") == Address("unix", path="/run/rp/router.sock")
+    assert Address.parse("tcp:10.0.0.2:7070") == Address("tcp", host="10.0.0.2", port=7070)
+    assert Address.parse("tcp:[::1]:7070") == Address("tcp", host="::1", port=7070)
+    assert str(Address.parse("tcp:node-b:7070")) == "tcp:node-b:7070"
+    for bad in ("", "unix:", "tcp:host", "tcp:host:x", "http://x"):
+        assert Address.parse(bad) is None, bad
+
+
+def test_a_socket_path_too_long_for_the_kernel_moves_to_the_temp_dir(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 120)
+    path = routerlink.socket_path(deep)
+    assert len(os.fsencode(path)) <= routerlink.UNIX_PATH_MAX
+    assert path == routerlink.socket_path(deep)  # one per data dir
+    assert path != routerlink.socket_path(tmp_path / ("e" * 120))
+
+
+async def test_lines_frame_messages_and_bad_ones_are_skipped_or_refused() -> None:
+    reader = asyncio.StreamReader(limit=64)
+    reader.feed_data(b'{"type":"a","n":1}\nnot json\n[1]\n{"type":"b"}\n{"type":"c"')
+    reader.feed_eof()
+    assert await routerlink.read_message(reader) == {"type": "a", "n": 1}
+    assert await routerlink.read_message(reader) == {"type": "b"}  # two bad lines skipped
+    assert await routerlink.read_message(reader) is None  # a partial last line is no message
+    long = asyncio.StreamReader(limit=64)
+    long.feed_data(b'{"type":"x","pad":"' + b"y" * 100 + b'"}\n')
+    with pytest.raises(ValueError):
+        await routerlink.read_message(long)
+    assert routerlink.decode(routerlink.encode({"type": "t", "é": "ü"})) == {"type": "t", "é": "ü"}
+
+
+# ---- the router's listener ----------------------------------------------------------------
+
+
+async def test_the_socket_is_private_replaces_a_stale_one_and_goes_at_stop(tmp_path: Path) -> None:
+    await sync_to_async(setup_database)()
+    path = tmp_path / "r.sock"
+    import socket as socketlib
+
+    stale = socketlib.socket(socketlib.AF_UNIX)
+    stale.bind(str(path))  # what a killed router leaves: a socket file nobody listens on
+    stale.close()
+    host = RouterHost(InMemoryChannelLayer(), state_file=tmp_path / "children.json")
+    host.link = LinkServer(host, Address("unix", str(path)))
+    await host.start()
+    try:
+        assert host.link.listening
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        raw, hello = await Raw.open(host)
+        assert hello == {"type": "link.hello", "boot": host.boot, "protocol": 1}
+        raw.close()
+    finally:
+        await asyncio.wait_for(host.stop(), DEADLINE)
+    assert not path.exists()
+
+
+async def test_a_file_that_is_not_a_socket_is_never_removed(tmp_path: Path) -> None:
+    await sync_to_async(setup_database)()
+    path = tmp_path / "r.sock"
+    path.write_text("precious")
+    host = RouterHost(InMemoryChannelLayer(), state_file=tmp_path / "children.json")
+    host.link = LinkServer(host, Address("unix", str(path)))
+    await host.start()
+    try:
+        assert not host.link.listening  # channels only
+        assert path.read_text() == "precious"
+    finally:
+        await asyncio.wait_for(host.stop(), DEADLINE)
+
+
+async def test_requests_on_one_connection_are_answered_by_request_id(host: RouterHost) -> None:
+    raw, _ = await Raw.open(host)
+    raw.send(acquire("r1", "m1"), acquire("r2", "m1"), acquire("r3", "nope"))
+    rejected = await raw.until("r3", "router.rejected")
+    assert rejected["status"] == 404 or rejected["status"] == 400, rejected
+    granted = [await raw.until(r, "router.granted") for r in ("r1", "r2")]
+    assert {g["lease_id"] for g in granted} and granted[0]["lease_id"] != granted[1]["lease_id"]
+    assert granted[0]["boot"] == host.boot and granted[0]["caused_load"] is True  # the receipt
+    assert in_flight(host) == {"m1": 2}
+    raw.send(*({"type": "router.release", "lease_id": g["lease_id"]} for g in granted))
+    await until(lambda: in_flight(host) == {}, "both released")
+    assert host.acquires["socket"] == 3 and host.acquires["channel"] == 0
+    raw.close()
+
+
+async def test_an_acquire_and_its_cancel_arrive_in_order(host: RouterHost) -> None:
+    raw, _ = await Raw.open(host)
+    for i in range(20):  # each cancel right behind its acquire, in the same write
+        raw.send(acquire(f"gone{i}", "m1"), {"type": "router.cancel", "request_id": f"gone{i}"})
+    raw.send(acquire("kept", "m1"))
+    kept = await raw.until("kept", "router.granted")
+    await asyncio.sleep(0.2)  # anything a reordered acquire would still get
+    assert host.engine is not None
+    assert in_flight(host) == {"m1": 1}  # only "kept": no cancelled one holds a lease
+    assert all(host.engine.lease_for(f"gone{i}") is None for i in range(20))
+    assert host.engine.snapshot()["queue"] == []
+    raw.send({"type": "router.release", "lease_id": kept["lease_id"]})
+    raw.close()
+
+
+async def test_a_closed_connection_ends_its_leases_and_queued_requests_at_once(
+    host: RouterHost,
+) -> None:
+    assert host.engine is not None
+    events = host.engine.subscribe()
+    holder, _ = await Raw.open(host)
+    holder.send(acquire("held", "m1"))
+    await holder.until("held", "router.granted")
+    waiter, _ = await Raw.open(host)
+    waiter.send(acquire("queued", "m2"))  # models_max 1 and m1 busy: it waits
+    await waiter.until("queued", "router.queued")
+    waiter.close()
+    await until(lambda: host.engine is not None and not host.engine.snapshot()["queue"], "queue")
+    assert in_flight(host) == {"m1": 1}
+    closed = time.monotonic()
+    holder.close()  # the lease TTL is 30 s+: only the closed connection can end it now
+    await until(lambda: in_flight(host) == {}, "the lease ended", deadline=2.0)
+    assert time.monotonic() - closed < 2.0
+    async with asyncio.timeout(DEADLINE):
+        async for event in events:
+            if event.type == Event.LEASE_EXPIRED:
+                assert event.data["why"] == "disconnected" and event.data["request_id"] == "held"
+                break
+
+
+async def test_an_expired_acquire_is_dropped_never_run(host: RouterHost) -> None:
+    raw, _ = await Raw.open(host)
+    raw.send(acquire("late", "m1", expires=time.time() - 1), acquire("fresh", "m2"))
+    await raw.until("fresh", "router.granted")
+    assert host.engine is not None and host.engine.lease_for("late") is None
+    assert host.acquires["socket"] == 1
+    raw.close()
+
+
+# ---- the web side ---------------------------------------------------------------------------
+
+
+class Watch:
+    """A heartbeat watch that always sees the router alive."""
+
+    def __init__(self) -> None:
+        self.beat = None
+        self.changed = asyncio.Event()
+
+    async def gone(self, boot: str | None) -> str:
+        await asyncio.Event().wait()
+        return ""
+
+
+async def connect(host: RouterHost) -> Connection:
+    link = routerlink.Link(host.link.address)
+    conn = await link.connect(Watch())  # type: ignore[arg-type]
+    assert conn is not None and conn.boot == host.boot
+    return conn
+
+
+async def test_a_client_acquires_and_releases_over_the_connection(host: RouterHost) -> None:
+    conn = await connect(host)
+    client = RouterClient(InMemoryChannelLayer())
+    grants = await asyncio.gather(
+        *(client._acquire_linked(conn, "m1", "t", True, f"c{i}", "normal") for i in range(10))
+    )
+    assert in_flight(host) == {"m1": 10} and all(g.via is conn for g in grants)
+    for grant in grants:
+        await client.renew(grant, 0.0)
+        await client.release(grant)
+    await until(lambda: in_flight(host) == {}, "released")
+    with pytest.raises(RouterRejected) as refused:
+        await client._acquire_linked(conn, "nope", "t", True, "x", "normal")
+    assert refused.value.status in (400, 404)
+    conn.close()
+
+
+async def test_waiters_on_a_connection_that_drops_get_503_at_once(tmp_path: Path) -> None:
+    """A router that dies (kill -9) closes the socket: every waiter hears 503 now."""
+    path = tmp_path / "dying.sock"
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def router(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(routerlink.encode({"type": "link.hello", "boot": "b1", "protocol": 1}))
+        accepted.append(writer)
+        await reader.read()  # never answers
+
+    server = await asyncio.start_unix_server(router, path=str(path))
+    try:
+        link = routerlink.Link(Address("unix", str(path)))
+        conn = await link.connect(Watch())  # type: ignore[arg-type]
+        assert conn is not None
+        client = RouterClient(InMemoryChannelLayer())
+        waits = [
+            asyncio.ensure_future(client._acquire_linked(conn, "m", "t", True, f"w{i}", "normal"))
+            for i in range(5)
+        ]
+        await asyncio.sleep(0.1)
+        assert not any(w.done() for w in waits)
+        dropped = time.monotonic()
+        accepted[0].transport.abort()  # what the kernel does for a killed router
+        results = await asyncio.wait_for(asyncio.gather(*waits, return_exceptions=True), 2)
+        assert time.monotonic() - dropped < 1.0
+        for result in results:
+            assert isinstance(result, RouterRejected) and result.status == 503
+            assert result.body["error"]["type"] == "unavailable_error"
+            assert "router unavailable" in result.body["error"]["message"]
+        assert not conn.open
+        again = await link.connect(Watch())  # type: ignore[arg-type]
+        assert again is not None and again is not conn  # reconnected, a new connection
+        again.close()
+    finally:
+        server.close()
+
+
+async def test_a_failed_connect_backs_off_and_the_channel_path_serves_meanwhile(
+    tmp_path: Path,
+) -> None:
+    link = routerlink.Link(Address("unix", str(tmp_path / "nobody.sock")))
+    assert await link.connect(Watch()) is None  # type: ignore[arg-type]
+    first = link._retry_at
+    assert first > time.monotonic()
+    assert await link.connect(Watch()) is None  # type: ignore[arg-type]
+    assert link._retry_at == first  # no new attempt inside the back-off
