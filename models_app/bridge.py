@@ -12,6 +12,11 @@ Two ways to the router, one API:
   (a burst of requests queues in the engine, never in a channel), no lease renewals (a lease
   held by this process cannot outlive it). Progress of a streamed answer is written straight
   into the engine for its hang watchdog.
+* **Over the router's socket** (team mode, issue 16.2: routerlink.py). Acquire, renew, release
+  and cancel go over one connection per web process to the socket the router advertises in its
+  heartbeat; the messages below (without ``reply_channel``), the same answers, the same
+  deadlines and dead-router detection, plus: a connection that closes answers its waiters 503
+  at once, and the router ends the leases granted over it. Calls and events stay on the layer.
 * **Over the channel layer** (team mode: ``runrouter`` elsewhere, Redis between). Whether the
   router lives is the router's heartbeat's to say (liveness.py), not a timeout: a request waits
   for its first answer as long as the router beats (at most ``FIRST_ANSWER_CAP``), so a burst

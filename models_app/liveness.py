@@ -15,6 +15,7 @@ per-message deadlines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -157,6 +158,7 @@ class RouterWatch:
         self.seen_at: float | None = None  # monotonic time of the last fresh beat
         self.started_at = time.monotonic()
         self.changed = asyncio.Event()  # set (and replaced) whenever the view changes
+        self.polled = asyncio.Event()  # set once the first poll is done (the beat is known)
         self._was_alive = True
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -227,6 +229,16 @@ class RouterWatch:
         if alive != self._was_alive or new_boot != old_boot:
             self._notify()
         self._was_alive = alive
+        self.polled.set()
+
+    async def first_poll(self, timeout: float) -> None:
+        """Return once the beat was read once (at most ``timeout``): what the router advertises
+        is known from the first request of a web process on."""
+        if not self.polled.is_set():
+            self.ensure_running()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self.polled.wait()
 
     def _notify(self) -> None:
         self.changed.set()

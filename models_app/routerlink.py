@@ -63,6 +63,7 @@ UNIX_PATH_MAX = 100  # sun_path is 104 (macOS) or 108 (Linux) bytes, the final N
 CONNECT_TIMEOUT = 2.0  # seconds to connect and hear the router's hello
 FIRST_BACKOFF = 0.1  # seconds before trying again after a failed connect; doubles up to
 MAX_BACKOFF = 2.0
+FIRST_POLL_WAIT = 2.0  # seconds a web process's first request waits to learn the address
 DISCONNECTED = "disconnected"  # the engine's ``why`` for a lease whose connection closed
 
 
@@ -448,6 +449,7 @@ def reachable(watch: RouterWatch) -> Address | None:
 
 async def connection(watch: RouterWatch) -> Connection | None:
     """This event loop's connection to the router, or None: use the channel layer."""
+    await watch.first_poll(FIRST_POLL_WAIT)
     address = reachable(watch)
     if address is None:
         return None

@@ -1,7 +1,8 @@
 """``manage.py runrouter``: the router alone, for team mode (DESIGN §2).
 
-It hosts the engine and the Channels worker for channel ``router`` on the Redis layer, while
-``serve --no-router`` processes answer HTTP. One router per data dir and per installation:
+It hosts the engine and the Channels worker for channel ``router`` on the Redis layer, and
+listens on a Unix socket in its data dir for the web processes' data path (routerlink.py),
+while ``serve --no-router`` processes answer HTTP. One router per data dir and per installation:
 ``locks.RouterLock`` refuses a second one with a message naming the first, and takes over at
 once from one that was killed (``kill -9``). It outlives Redis: the listener, the heartbeat and
 the lock refresh retry until Redis is back, and the children keep running meanwhile. SIGTERM and

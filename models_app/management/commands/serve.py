@@ -2,7 +2,8 @@
 
 Embedded mode (the default) is ONE process: Daphne serves HTTP and WebSockets, and the router
 worker for channel ``router`` runs in the same event loop on the in-memory channel layer. With
-``--no-router`` it is the web side of team mode only, talking to ``runrouter`` over Redis.
+``--no-router`` it is the web side of team mode only, talking to ``runrouter`` over Redis and
+over the socket the router advertises (routerlink.py; its first lines say which).
 ``--http uvicorn`` serves the same application with uvicorn instead of Daphne (_uvicorn.py).
 """
 

@@ -1,0 +1,137 @@
+"""Team mode's router connection under kill -9 (issue 16.2): real processes, PostgreSQL, Redis.
+
+``runrouter`` and ``serve --no-router`` as a user runs them; acquire/renew/release/cancel go
+over the socket the router advertises in its heartbeat (routerlink.py). Redis is the shared
+one (these tests never stop it), under a key prefix of the test's own.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+
+from tests.chaos.conftest import chat, record
+from tests.chaos.test_team_faults import Team, _rows, post_chat, until_served
+from tests.services.conftest import pg_database, redis_url  # noqa: F401  (fixtures)
+from tests.serving import wait_until
+
+
+def acquires(url: str) -> dict[str, int]:
+    """The router's acquires by transport, from the web process's /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = re.findall(r'routerpanel_acquires_total\{transport="(\w+)"\} ([0-9.e+]+)', text)
+    return {kind: int(float(n)) for kind, n in found}
+
+
+def make_team(tmp_path: Path, database: str, url: str) -> Team:
+    return Team(tmp_path, database, SimpleNamespace(url=url))  # type: ignore[arg-type]
+
+
+def test_requests_flow_over_the_socket_not_the_channel_layer(
+    tmp_path: Path,
+    pg_database: str,  # noqa: F811
+    redis_url: str,  # noqa: F811
+) -> None:
+    t = make_team(tmp_path, pg_database, redis_url)
+    with t.stack:
+        router = t.router(t.preset("a"))
+        assert "data path: unix:" in router.output(), router.output()[-2000:]
+        web = t.web()
+        assert "data path to the router: socket unix:" in web.output(), web.output()[-2000:]
+        for _ in range(5):
+            assert post_chat(web.url, "a").status_code == 200
+        with httpx.stream(
+            "POST", f"{web.url}/v1/chat/completions", json=chat("a", 5, True), timeout=30
+        ) as streamed:
+            assert streamed.status_code == 200
+            assert b"[DONE]" in b"".join(streamed.iter_bytes())
+        counts = acquires(web.url)
+        assert counts == {"socket": 6, "channel": 0}, counts
+
+
+def test_a_router_killed_mid_request_answers_503_at_once_and_the_next_one_is_used(
+    tmp_path: Path,
+    pg_database: str,  # noqa: F811
+    redis_url: str,  # noqa: F811
+) -> None:
+    t = make_team(tmp_path, pg_database, redis_url)
+    with t.stack:
+        presets = t.preset("a", token_ms=100) + t.preset("b")
+        router = t.router(presets, "--models-max", "1")
+        web = t.web()
+        answers: dict[str, Any] = {}
+
+        def ask(model: str, **kw: Any) -> None:
+            try:
+                answers[model] = post_chat(web.url, model, timeout=60, **kw)
+            except httpx.HTTPError as exc:  # a stream cut off by the child's death
+                answers[model] = exc
+            answers[f"{model}-at"] = time.monotonic()
+
+        busy = threading.Thread(target=ask, args=("a",), kwargs={"tokens": 300})
+        busy.start()
+        wait_until(lambda: b"loaded" in httpx.get(f"{web.url}/v1/models").content, 20, "a")
+        waiter = threading.Thread(target=ask, args=("b",))
+        waiter.start()  # b waits behind the busy a, on the socket
+        wait_until(lambda: acquires(web.url).get("socket") == 2, 10, "b's acquire")
+        time.sleep(0.3)
+        router.process.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        router.process.wait(10)
+        waiter.join(20)
+        busy.join(20)
+        response = answers["b"]
+        assert isinstance(response, httpx.Response) and response.status_code == 503
+        assert "router unavailable" in response.json()["error"]["message"], response.text
+        answered_after = answers["b-at"] - killed
+        # The socket's close says it, not the heartbeat (which takes DEAD_AFTER, 6 s).
+        assert answered_after < 2.0, f"answered {answered_after:.2f} s after the kill"
+
+        t.router(presets, "--models-max", "1")  # same data dir: the stale socket is replaced
+        served = until_served(web.url, "b", 30)
+        wait_until(lambda: post_chat(web.url, "b").status_code == 200, 10, "b again")
+        wait_until(lambda: acquires(web.url).get("socket", 0) >= 1, 10, "socket acquires")
+        record(
+            "runrouter killed with SIGKILL, a request queued on the socket (team mode)",
+            queued_request_answered_503_after_s=round(answered_after, 3),
+            served_again_after_restart_s=round(served, 2),
+        )
+
+
+def test_a_killed_web_process_frees_its_leases_at_once_not_after_the_ttl(
+    tmp_path: Path,
+    pg_database: str,  # noqa: F811
+    redis_url: str,  # noqa: F811
+) -> None:
+    t = make_team(tmp_path, pg_database, redis_url)
+    with t.stack:
+        presets = t.preset("a", token_ms=200) + t.preset("b")
+        t.router(presets, "--models-max", "1", "--lease-ttl", "120")
+        web = t.web()
+        doomed = t.web("doomed")
+        with httpx.stream(
+            "POST", f"{doomed.url}/v1/chat/completions", json=chat("a", 200, True), timeout=60
+        ) as response:
+            next(response.iter_bytes())  # a streams through the doomed web process
+            doomed.process.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            doomed.process.wait(10)
+        response = post_chat(web.url, "b", timeout=60)  # needs a evicted: its lease gone
+        freed = time.monotonic() - killed
+        assert response.status_code == 200, response.text
+        assert freed < 10, f"b served {freed:.1f} s after the kill (lease TTL 120 s)"
+        wait_until(lambda: _rows(pg_database, "lease_expired"), 20, "the lease_expired row")
+        [row] = _rows(pg_database, "lease_expired")
+        assert "closed its connection" in row["reason"], row
+        record(
+            "a web process killed with SIGKILL mid-stream (team mode, socket, lease ttl 120 s)",
+            other_clients_served_after_s=round(freed, 2),
+            audit_row="lease_expired (disconnected)",
+        )
