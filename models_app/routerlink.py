@@ -188,7 +188,10 @@ class LinkServer:
         try:
             peer.send({"type": HELLO, "boot": self.host.boot, "protocol": PROTOCOL})
             while (message := await read_message(reader)) is not None:
-                peer.handle(message)  # one at a time, in order (see module doc)
+                try:
+                    peer.handle(message)  # one at a time, in order (see module doc)
+                except Exception:  # a malformed message must not end the others' connection
+                    log.exception("router link: message %s failed", message.get("type"))
         except (ConnectionError, ValueError) as exc:
             log.info("router link: a connection ended: %s", exc)
         finally:
@@ -435,14 +438,26 @@ def enabled() -> bool:
 
 
 def reachable(watch: RouterWatch) -> Address | None:
-    """The address the live router advertises, if this process can use it."""
+    """The address the live router advertises, if this process can use it (per request: the
+    answer is kept for the last advertisement seen)."""
     beat = watch.beat
-    if beat is None or not beat.link or not enabled():
+    if beat is None or not beat.link:
         return None
-    address = Address.parse(beat.link)
-    if address is None or address.kind != "unix":
+    key = (beat.link, beat.host)
+    if key not in _reachable:
+        _reachable.clear()
+        _reachable[key] = _usable(beat.link, beat.host)
+    return _reachable[key]
+
+
+_reachable: dict[tuple[str, str], Address | None] = {}
+
+
+def _usable(link: str, host: str) -> Address | None:
+    address = Address.parse(link)
+    if address is None or address.kind != "unix" or not enabled():
         return None  # tcp: when routers run on other nodes (issue 8)
-    if beat.host != socket.gethostname():
+    if host != socket.gethostname():
         return None  # a Unix socket on another host is out of reach: channels
     return address
 

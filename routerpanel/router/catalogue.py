@@ -181,6 +181,7 @@ class LeaseExpiredData(TypedDict):
     request_id: str
     model: str
     actor: str
+    why: str  # "not renewed" (its TTL passed) or "disconnected" (its router connection closed)
 
 
 class MemorySampleData(TypedDict):

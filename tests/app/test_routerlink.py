@@ -324,3 +324,68 @@ async def test_a_failed_connect_backs_off_and_the_channel_path_serves_meanwhile(
     assert first > time.monotonic()
     assert await link.connect(Watch()) is None  # type: ignore[arg-type]
     assert link._retry_at == first  # no new attempt inside the back-off
+
+
+async def test_waiters_get_503_when_the_heartbeat_says_the_router_froze(tmp_path: Path) -> None:
+    """A frozen router keeps its socket open: the heartbeat watch answers the waiters."""
+    path = tmp_path / "frozen.sock"
+
+    async def router(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(routerlink.encode({"type": "link.hello", "boot": "b1", "protocol": 1}))
+        await reader.read()
+
+    class Freezing(Watch):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dead = asyncio.Event()
+
+        async def gone(self, boot: str | None) -> str:
+            await self.dead.wait()
+            return "no heartbeat from the router for 6 s"
+
+    server = await asyncio.start_unix_server(router, path=str(path))
+    try:
+        watch = Freezing()
+        conn = await routerlink.Link(Address("unix", str(path))).connect(watch)  # type: ignore[arg-type]
+        assert conn is not None
+        client = RouterClient(InMemoryChannelLayer())
+        wait = asyncio.ensure_future(client._acquire_linked(conn, "m", "t", True, "f", "normal"))
+        await asyncio.sleep(0.1)
+        watch.dead.set()
+        with pytest.raises(RouterRejected) as refused:
+            await asyncio.wait_for(wait, 2)
+        assert refused.value.status == 503 and "no heartbeat" in str(refused.value)
+        assert conn.open  # same boot: the connection stays for the leases it carries
+        conn.close()
+    finally:
+        server.close()
+
+
+def test_only_a_unix_socket_of_this_host_is_used() -> None:
+    import socket as socketlib
+
+    from models_app.liveness import Beat
+
+    here = socketlib.gethostname()
+
+    def watch_of(link: str, host: str) -> Any:
+        beat = Beat("b", 1, host, time.time(), time.time(), link)
+        return type("W", (), {"beat": beat})()
+
+    assert routerlink.reachable(watch_of("unix:/x/router.sock", here)) == Address(
+        "unix", "/x/router.sock"
+    )
+    assert routerlink.reachable(watch_of("unix:/x/router.sock", "elsewhere")) is None
+    assert routerlink.reachable(watch_of("tcp:10.0.0.2:7070", here)) is None  # issue 8
+    assert routerlink.reachable(watch_of("", here)) is None  # an older router: channels
+
+
+def test_a_heartbeat_with_fields_this_version_does_not_know_still_parses() -> None:
+    import json
+
+    from models_app.liveness import Beat
+
+    old = {"boot": "b", "pid": 1, "host": "h", "time": 1.0, "started": 0.5}
+    assert Beat.parse(json.dumps(old)) == Beat("b", 1, "h", 1.0, 0.5, "")
+    newer = old | {"link": "unix:/s", "node": "n2"}
+    assert Beat.parse(json.dumps(newer)) == Beat("b", 1, "h", 1.0, 0.5, "unix:/s")

@@ -358,11 +358,26 @@ class TestTime:
         h.engine.clock_changed()
         await h.idle()
         assert h.of(Event.LEASE_EXPIRED) == [
-            {"lease_id": lease.lease_id, "request_id": "r", "model": "a", "actor": "user:f"}
-        ]
+            {"lease_id": lease.lease_id, "request_id": "r", "model": "a", "actor": "user:f",
+             "why": "not renewed"}
+        ]  # fmt: skip
         assert h.model("a")["in_flight"] == 0
         assert not h.engine.renew(lease.lease_id)
         assert not h.engine.renew("unknown")
+
+    @engine_config("a", "b", models_max=2, lease_ttl=10.0)
+    async def test_a_dropped_lease_ends_at_once_and_says_why(self, h: Harness) -> None:
+        await h.warm("a")
+        lease = await h.engine.acquire("a", request_id="r", actor="user:f")
+        h.engine.drop(lease.lease_id, why="disconnected")  # its holder's connection closed
+        h.engine.drop(lease.lease_id, why="disconnected")  # idempotent: one event
+        await h.idle()
+        assert h.model("a")["in_flight"] == 0  # no clock moved: not the TTL
+        assert h.of(Event.LEASE_EXPIRED) == [
+            {"lease_id": lease.lease_id, "request_id": "r", "model": "a", "actor": "user:f",
+             "why": "disconnected"}
+        ]  # fmt: skip
+        assert not h.engine.renew(lease.lease_id)
 
     @engine_config(preset("a", ttl=60.0), "b", models_max=2)
     async def test_an_idle_model_is_stopped_at_its_ttl(self, h: Harness) -> None:
