@@ -21,7 +21,8 @@ NOT_MEASURED = "—"  # the test does not count audit rows for this fault
 
 
 def _s(value: Any) -> str:
-    return f"{float(value):.1f} s"
+    seconds = float(value)
+    return f"{seconds * 1000:.0f} ms" if seconds < 0.1 else f"{seconds:.1f} s"
 
 
 def burst(d: dict[str, Any]) -> Row:
@@ -83,9 +84,13 @@ def kill9(d: dict[str, Any]) -> Row:
 
 
 def redis_down(d: dict[str, Any]) -> Row:
-    answers = " or ".join(f"`{s}`" for s in d["answers_during"])
+    answers = []
+    if 200 in d["answers_during"]:
+        answers.append("`200` (the data path is the router's socket)")
+    if 503 in d["answers_during"]:
+        answers.append("`503` with `Retry-After` once the heartbeat is stale")
     slowest = _s(d["slowest_answer_s"])
-    return (f"{answers} with `Retry-After` meanwhile (slowest answer {slowest}); the router "
+    return (f"{', then '.join(answers)} (slowest answer {slowest}); the router "
             "keeps running with its children", f"served again "
             f"{_s(d['served_again_after_redis_back_s'])} after Redis is back",
             NOT_MEASURED)  # fmt: skip
@@ -104,9 +109,15 @@ def router_killed(d: dict[str, Any]) -> Row:
 
 
 def web_killed(d: dict[str, Any]) -> Row:
-    return ("its clients' connections drop; others are not blocked", f"its lease expires: "
-            f"another client served {_s(d['other_clients_served_after_s'])} after the kill",
-            NOT_MEASURED)  # fmt: skip
+    return ("its clients' connections drop; others are not blocked", f"its socket to the router "
+            f"closes and its lease ends: another client served "
+            f"{_s(d['other_clients_served_after_s'])} after the kill", NOT_MEASURED)  # fmt: skip
+
+
+def router_killed_socket(d: dict[str, Any]) -> Row:
+    return (f"`503 router unavailable` after {_s(d['queued_request_answered_503_after_s'])} "
+            "(its socket closed)", f"served {_s(d['served_again_after_restart_s'])} after the "
+            "restart began", NOT_MEASURED)  # fmt: skip
 
 
 def frozen(d: dict[str, Any]) -> Row:
@@ -137,8 +148,12 @@ RENDER: dict[str, tuple[str, Callable[[dict[str, Any]], Row]]] = {
     "Redis down 10 s (team mode)": ("Redis down 10 s (team)", redis_down),
     "Redis restarted (0.1 s) under an open dashboard": ("Redis restarted under a dashboard", blip),
     "runrouter killed with SIGKILL (team mode)": ("`runrouter` killed (SIGKILL)", router_killed),
+    "runrouter killed with SIGKILL, a request queued on the socket (team mode)": (
+        "`runrouter` killed (SIGKILL), a request queued on its socket", router_killed_socket),
     "a web process killed with SIGKILL mid-stream (team mode, lease ttl 3 s)": (
         "a web process killed mid-stream (lease ttl 3 s)", web_killed),
+    "a web process killed with SIGKILL mid-stream (team mode, socket, lease ttl 120 s)": (
+        "a web process killed mid-stream (lease ttl 120 s)", web_killed),
     "router frozen (SIGSTOP) while requests arrive": ("the router frozen (SIGSTOP)", frozen),
     "PostgreSQL refuses connections during 4 swaps (team mode)": (
         "PostgreSQL refuses connections (team)", database),
