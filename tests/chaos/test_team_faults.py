@@ -94,6 +94,17 @@ def children_pids(router: Server) -> set[int]:
     return {k.pid for k in kids if "routerpanel.router.simserver" in " ".join(k.cmdline())}
 
 
+def first_token(response: httpx.Response) -> None:
+    """Read a stream until its first data event: before it, SSE comments may come while the
+    request still waits in the queue (issue 17.7), when it holds no lease yet."""
+    seen = b""
+    for chunk in response.iter_bytes():
+        seen += chunk
+        if b"data:" in seen:
+            return
+    raise AssertionError(f"the stream ended before its first token: {seen[:300]!r}")
+
+
 def probe_during(url: str, seconds: float, model: str) -> list[tuple[float, int, float]]:
     """Send a chat every 0.25 s for ``seconds``: (start, status, how long it took)."""
     out = []
@@ -257,7 +268,7 @@ def test_a_killed_web_process_loses_its_leases_and_the_slot_frees(
         with httpx.stream(
             "POST", f"{doomed.url}/v1/chat/completions", json=chat("a", 200, True), timeout=60
         ) as response:
-            next(response.iter_bytes())  # a streams through the doomed web process
+            first_token(response)  # a streams through the doomed web process: it holds a lease
             doomed.process.send_signal(signal.SIGKILL)
             killed = time.monotonic()
             doomed.process.wait(10)
