@@ -94,15 +94,27 @@ def children_pids(router: Server) -> set[int]:
     return {k.pid for k in kids if "routerpanel.router.simserver" in " ".join(k.cmdline())}
 
 
-def first_token(response: httpx.Response) -> None:
+def first_token(response: httpx.Response) -> bytes:
     """Read a stream until its first data event: before it, SSE comments may come while the
     request still waits in the queue (issue 17.7), when it holds no lease yet."""
     seen = b""
     for chunk in response.iter_bytes():
         seen += chunk
         if b"data:" in seen:
-            return
+            return seen
     raise AssertionError(f"the stream ended before its first token: {seen[:300]!r}")
+
+
+def kill_mid_stream(doomed: Server, model: str) -> float:
+    """Stream ``model`` through the web process ``doomed`` and SIGKILL it after the first token
+    (it then holds a lease); return when it was killed (monotonic)."""
+    body = chat(model, 200, True)
+    with httpx.stream("POST", f"{doomed.url}/v1/chat/completions", json=body, timeout=60) as r:
+        first_token(r)
+        doomed.process.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        doomed.process.wait(10)
+    return killed
 
 
 def probe_during(url: str, seconds: float, model: str) -> list[tuple[float, int, float]]:
@@ -265,13 +277,7 @@ def test_a_killed_web_process_loses_its_leases_and_the_slot_frees(
         t.router(presets, "--models-max", "1", "--lease-ttl", "3")
         web = t.web()
         doomed = t.web("doomed")
-        with httpx.stream(
-            "POST", f"{doomed.url}/v1/chat/completions", json=chat("a", 200, True), timeout=60
-        ) as response:
-            first_token(response)  # a streams through the doomed web process: it holds a lease
-            doomed.process.send_signal(signal.SIGKILL)
-            killed = time.monotonic()
-            doomed.process.wait(10)
+        killed = kill_mid_stream(doomed, "a")
         response = post_chat(web.url, "b", timeout=60)
         freed = time.monotonic() - killed
         assert response.status_code == 200, response.text

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from tests.chaos.conftest import chat, record
-from tests.chaos.test_team_faults import Team, _rows, first_token, post_chat, until_served
+from tests.chaos.test_team_faults import Team, _rows, kill_mid_stream, post_chat, until_served
 from tests.services.conftest import pg_database, redis_url  # noqa: F401  (fixtures)
 from tests.serving import wait_until
 
@@ -116,13 +116,7 @@ def test_a_killed_web_process_frees_its_leases_at_once_not_after_the_ttl(
         router = t.router(presets, "--models-max", "1", "--lease-ttl", "120")
         web = t.web()
         doomed = t.web("doomed")
-        with httpx.stream(
-            "POST", f"{doomed.url}/v1/chat/completions", json=chat("a", 200, True), timeout=60
-        ) as response:
-            first_token(response)  # a streams through the doomed web process: it holds a lease
-            doomed.process.send_signal(signal.SIGKILL)
-            killed = time.monotonic()
-            doomed.process.wait(10)
+        killed = kill_mid_stream(doomed, "a")
         response = post_chat(web.url, "b", timeout=60)  # needs a evicted: its lease gone
         freed = time.monotonic() - killed
         assert response.status_code == 200, response.text
