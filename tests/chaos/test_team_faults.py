@@ -94,26 +94,30 @@ def children_pids(router: Server) -> set[int]:
     return {k.pid for k in kids if "routerpanel.router.simserver" in " ".join(k.cmdline())}
 
 
-def first_token(response: httpx.Response) -> bytes:
-    """Read a stream until its first data event: before it, SSE comments may come while the
-    request still waits in the queue (issue 17.7), when it holds no lease yet."""
+def first_token(chunks: Iterator[bytes]) -> bytes:
+    """Read a stream until its first data event. The caller keeps ``chunks``: a body iterator
+    that is dropped is closed, and the client's connection with it (the web process would then
+    end the request and release its lease itself)."""
     seen = b""
-    for chunk in response.iter_bytes():
+    while b"data:" not in seen:
+        chunk = next(chunks, None)
+        if chunk is None:
+            raise AssertionError(f"the stream ended before its first token: {seen[:300]!r}")
         seen += chunk
-        if b"data:" in seen:
-            return seen
-    raise AssertionError(f"the stream ended before its first token: {seen[:300]!r}")
+    return seen
 
 
 def kill_mid_stream(doomed: Server, model: str) -> float:
-    """Stream ``model`` through the web process ``doomed`` and SIGKILL it after the first token
-    (it then holds a lease); return when it was killed (monotonic)."""
+    """Stream ``model`` through the web process ``doomed`` and SIGKILL it after the first token,
+    while its client is still connected (it then holds a lease); return when (monotonic)."""
     body = chat(model, 200, True)
     with httpx.stream("POST", f"{doomed.url}/v1/chat/completions", json=body, timeout=60) as r:
-        first_token(r)
+        chunks = r.iter_bytes()
+        first_token(chunks)
         doomed.process.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         doomed.process.wait(10)
+        del chunks  # only now: the client leaves after the kill
     return killed
 
 

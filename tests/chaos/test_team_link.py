@@ -126,7 +126,8 @@ def test_a_killed_web_process_frees_its_leases_at_once_not_after_the_ttl(
         except AssertionError:
             kinds = [(r["kind"], r["model"], r["reason"]) for r in _all_rows(pg_database)]
             raise AssertionError(
-                f"no lease_expired row: {kinds}\n{router.output()[-3000:]}"
+                f"no lease_expired row: {kinds}\nrouter: {router.output()[-2000:]}\n"
+                f"killed web process: {doomed.output()[-2000:]}"
             ) from None
         [row] = _rows(pg_database, "lease_expired")
         assert "closed its connection" in row["reason"], row
