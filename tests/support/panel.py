@@ -103,17 +103,17 @@ def client_for(user: Any, *, csrf: bool = False) -> Client:
 
 
 @pytest.fixture
-def viewer() -> Any:
+def viewer(db: None) -> Any:  # db: a user is a row, whatever marks the test carries
     return make_user("vera", Role.VIEWER)
 
 
 @pytest.fixture
-def operator() -> Any:
+def operator(db: None) -> Any:  # db: a user is a row, whatever marks the test carries
     return make_user("otto", Role.OPERATOR)
 
 
 @pytest.fixture
-def admin() -> Any:
+def admin(db: None) -> Any:  # db: a user is a row, whatever marks the test carries
     return make_user("ada", Role.ADMIN)
 
 
