@@ -25,23 +25,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore
 from models_app.bridge import ROUTER_CHANNEL, RouterClient
-from models_app.models import ApiKey, AuditEvent, AuditKind, Preset, RouterSettings
-from models_app.sources import simserver_command
+from models_app.models import ApiKey, AuditEvent, AuditKind
 from models_app.worker import RouterConsumer, RouterHost
-from tests.app.conftest import AsgiClient, django_stand_in
+from tests.app.conftest import AsgiClient, django_stand_in, save_two_sim_presets
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DEADLINE = 60.0
 
 
 def setup_database() -> str:
-    for name in ("m1", "m2"):
-        preset = Preset(name=name, server_bin=simserver_command(), args=[["sim-load-ms", "50"]])
-        preset.full_clean()
-        preset.save()
-    row = RouterSettings.load()
-    row.models_max = 1
-    row.save()
+    save_two_sim_presets()
     alice = get_user_model().objects.create_user("alice")
     _, secret = ApiKey.objects.issue(alice, "laptop")
     return secret

@@ -21,29 +21,18 @@ from channels.layers import InMemoryChannelLayer
 
 from models_app import routerlink
 from models_app.bridge import RouterClient, RouterRejected
-from models_app.models import Preset, RouterSettings
 from models_app.routerlink import Address, Connection, LinkServer
-from models_app.sources import simserver_command
 from models_app.worker import RouterHost
 from routerpanel.router.catalogue import Event
+from tests.app.conftest import save_two_sim_presets
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DEADLINE = 30.0
 
 
-def setup_database() -> None:
-    for name in ("m1", "m2"):
-        preset = Preset(name=name, server_bin=simserver_command(), args=[["sim-load-ms", "50"]])
-        preset.full_clean()
-        preset.save()
-    row = RouterSettings.load()
-    row.models_max = 1
-    row.save()
-
-
 @pytest.fixture
 async def host(tmp_path: Path) -> AsyncIterator[RouterHost]:
-    await sync_to_async(setup_database)()
+    await sync_to_async(save_two_sim_presets)()
     host = RouterHost(InMemoryChannelLayer(), state_file=tmp_path / "children.json")
     host.link = LinkServer(host, Address("unix", str(routerlink.socket_path(tmp_path))))
     await host.start()
@@ -139,7 +128,7 @@ async def test_lines_frame_messages_and_bad_ones_are_skipped_or_refused() -> Non
 
 
 async def test_the_socket_is_private_replaces_a_stale_one_and_goes_at_stop(tmp_path: Path) -> None:
-    await sync_to_async(setup_database)()
+    await sync_to_async(save_two_sim_presets)()
     path = tmp_path / "r.sock"
     import socket as socketlib
 
@@ -161,7 +150,7 @@ async def test_the_socket_is_private_replaces_a_stale_one_and_goes_at_stop(tmp_p
 
 
 async def test_a_file_that_is_not_a_socket_is_never_removed(tmp_path: Path) -> None:
-    await sync_to_async(setup_database)()
+    await sync_to_async(save_two_sim_presets)()
     path = tmp_path / "r.sock"
     path.write_text("precious")
     host = RouterHost(InMemoryChannelLayer(), state_file=tmp_path / "children.json")

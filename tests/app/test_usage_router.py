@@ -22,30 +22,17 @@ from models_app import usage
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore
 from models_app.bridge import ROUTER_CHANNEL, RouterClient
-from models_app.models import Preset, RouterSettings
-from models_app.sources import simserver_command
 from models_app.worker import RouterConsumer, RouterHost
-from tests.app.conftest import AsgiClient, django_stand_in
+from tests.app.conftest import AsgiClient, django_stand_in, save_two_sim_presets
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DEADLINE = 60.0
 LOAD_MS = 300
 
 
-def setup_database() -> None:
-    for name in ("m1", "m2"):
-        args = [["sim-load-ms", str(LOAD_MS)]]
-        preset = Preset(name=name, server_bin=simserver_command(), args=args)
-        preset.full_clean()
-        preset.save()
-    row = RouterSettings.load()
-    row.models_max = 1
-    row.save()
-
-
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[tuple[AsgiClient, usage.UsageRecorder]]:
-    await sync_to_async(setup_database)()
+    await sync_to_async(save_two_sim_presets)(LOAD_MS)
     layer = InMemoryChannelLayer()
     host = RouterHost(layer, state_file=tmp_path / "children.json")
     await host.start()
