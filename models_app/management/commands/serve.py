@@ -27,6 +27,8 @@ from models_app.models import Preset, RouterSettings
 from models_app.routerproc import RouterProcess, raise_open_files_limit
 from routerpanel.env import envbool, envint, envstr, split_list
 
+LISTEN_BACKLOG = 1024  # connections the kernel may hold before Daphne accepts them
+
 
 class Command(BaseCommand):
     help = "Serve RouterPanel: the llama.cpp-compatible router API, the proxy and the panel."
@@ -190,9 +192,14 @@ class Command(BaseCommand):
             embedded.stop_server = stop_reactor
         server = RouterPanelServer(
             application=application,
-            endpoints=build_endpoint_description_strings(
-                host=options["host"], port=options["port"]
-            ),
+            # Twisted listens with a backlog of 50: a burst of hundreds of new connections
+            # overflows it (uvicorn's is 2048); 1024 fits issue 1's 1,000-request burst.
+            endpoints=[
+                f"{endpoint}:backlog={LISTEN_BACKLOG}"
+                for endpoint in build_endpoint_description_strings(
+                    host=options["host"], port=options["port"]
+                )
+            ],
             signal_handlers=True,
             verbosity=0,
         )
