@@ -749,6 +749,7 @@
     constructor(note) {
       this.note = note;
       this.range = "1h";
+      this.shown = "1h";
       this.cols = { time: [], used: [], available: [], swap_used: [], wired: [], models: {} };
       const small = window.matchMedia("(max-width: 520px)").matches;
       this.system = new Plot(document.getElementById("memchart-system"), small ? 170 : 200, "No memory sample in this range yet.");
@@ -825,6 +826,7 @@
       this.note.hidden = true;
       if (range === "1h") {
         this.drawLive();
+        this.shown = range;
         return;
       }
       const response = await fetch(`${root.dataset.historyUrl}?range=${range}`, { credentials: "same-origin" });
@@ -835,6 +837,7 @@
         this.note.textContent = `No ${range} history: ${data.reason}.`;
         this.system.draw([], []);
         this.models.draw([], []);
+        this.shown = range;
         return;
       }
       this.system.draw(data.time, [
@@ -844,6 +847,7 @@
         { label: "Swap used (avg)", values: data.system.swap_used, color: "#9333ea", dash: [2, 3] },
       ], data.window);
       this.models.draw(data.time, this.modelSeries(data.models, " (avg)"), data.window);
+      this.shown = range; // the range now drawn (range is the one asked for, maybe still loading)
     }
   }
 
