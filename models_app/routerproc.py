@@ -11,6 +11,7 @@ outages: the channel listener restarts, the heartbeat and the lock refresh retry
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import resource
 import sys
@@ -47,6 +48,21 @@ def raise_open_files_limit(wanted: int = OPEN_FILES) -> int:
     return soft
 
 
+def child_keys(mode: str, advertise: str | None) -> bool:
+    """Whether children get a per-spawn --api-key: ``on``, ``off``, or ``auto`` (when they
+    listen on an address other machines may reach, i.e. not loopback)."""
+    if mode != "auto":
+        return mode == "on"
+    return not is_loopback(advertise or "127.0.0.1")
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
 class RouterProcess:
     """The router of this process (see module doc); ``options`` are the command's flags."""
 
@@ -65,6 +81,9 @@ class RouterProcess:
             server_bin=options["server_bin"],
             lease_ttl=options["lease_ttl"],
             queue_policy=options.get("queue_policy"),
+            node=options.get("node") or "",
+            advertise=options.get("advertise") or "127.0.0.1",
+            child_keys=child_keys(options.get("child_keys") or "auto", options.get("advertise")),
         )
         self.host = RouterHost(
             get_channel_layer(),

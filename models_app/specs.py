@@ -30,6 +30,13 @@ class Overrides:
     lease_ttl: float = 30.0
     queue_policy: str | None = None
     extra_env: tuple[tuple[str, str], ...] = field(default=())
+    # Several hosts (issue 18): this router's node name ("" = the single router of team mode or
+    # of ``serve``), the address its children listen on and web processes reach them at, and
+    # whether each child gets a random per-spawn --api-key (on whenever that address is not
+    # loopback).
+    node: str = ""
+    advertise: str = "127.0.0.1"
+    child_keys: bool = False
 
 
 def router_config(row: RouterSettings, overrides: Overrides = Overrides()) -> RouterConfig:

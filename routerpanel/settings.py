@@ -128,6 +128,10 @@ ROUTERPANEL_REDIS_PREFIX = envstr("ROUTERPANEL_REDIS_PREFIX", "routerpanel")
 # router (models_app/routerlink.py). false: runrouter does not listen and web processes use the
 # channel layer for these too.
 ROUTERPANEL_ROUTER_LINK = envbool("ROUTERPANEL_ROUTER_LINK", True)
+# Several hosts (issue 18; runrouter's --node, --advertise, --child-keys default to these).
+ROUTERPANEL_NODE = envstr("ROUTERPANEL_NODE")
+ROUTERPANEL_ADVERTISE = envstr("ROUTERPANEL_ADVERTISE", "127.0.0.1")
+ROUTERPANEL_CHILD_KEYS = envstr("ROUTERPANEL_CHILD_KEYS", "auto")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {

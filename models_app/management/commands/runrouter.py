@@ -32,6 +32,26 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         runtime.add_router_arguments(parser)
         parser.add_argument("--data-dir", metavar="DIR", help="data directory; read by manage.py")
+        parser.add_argument(
+            "--node",
+            metavar="NAME",
+            default=settings.ROUTERPANEL_NODE or None,
+            help="run as node NAME of several hosts (README, Several hosts); default: the "
+            "single router of this installation",
+        )
+        parser.add_argument(
+            "--advertise",
+            metavar="ADDR",
+            default=settings.ROUTERPANEL_ADVERTISE or "127.0.0.1",
+            help="the address children listen on and web processes reach them at (127.0.0.1)",
+        )
+        parser.add_argument(
+            "--child-keys",
+            choices=("auto", "on", "off"),
+            default=settings.ROUTERPANEL_CHILD_KEYS or "auto",
+            help="give each child a random per-spawn --api-key (auto: when --advertise is "
+            "not a loopback address)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         runtime.OPTIONS.server_bin = options["server_bin"]
