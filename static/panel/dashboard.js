@@ -194,7 +194,7 @@
     const seen = new Set();
     for (const row of snap.models) {
       const old = models.get(row.name) || {};
-      const m = Object.assign({}, row, { note: old.state === row.state ? old.note : null, lastline: old.lastline });
+      const m = Object.assign({}, row, { note: keptNote(old, row), noteAt: old.noteAt, lastline: old.lastline });
       models.set(row.name, m);
       seen.add(row.name);
       if (row.state_since) since.set(row.name, [stateKey(row.state, row.stopping), row.state_since]);
@@ -214,6 +214,15 @@
     document.getElementById("slots").textContent =
       max === undefined ? "" : `${running} of ${max === 0 ? "unlimited" : max} running`;
     if (snap.memory) renderMemNow(snap.memory);
+  }
+
+  // A note says why a model went down (evicted, killed as hung, stuck). A snapshot drops it only
+  // when the model has come up again since: a snapshot asked for before the eviction and answered
+  // after it still shows the model loaded, from before the note.
+  function keptNote(old, row) {
+    if (!old.note) return null;
+    const upSince = !DOWN.has(row.state) && row.state_since && old.noteAt && row.state_since > old.noteAt;
+    return upSince ? null : old.note;
   }
 
   function routerDown(error) {
@@ -251,9 +260,10 @@
       m.progress = d.progress;
       renderProgress(card(d.model), m);
     },
-    [EVENTS.MODEL_EVICTED](d) {
+    [EVENTS.MODEL_EVICTED](d, ev) {
       const m = model(d.victim);
       const trigger = d.trigger || {};
+      m.noteAt = ev.time;
       m.note = `Evicted for ${trigger.model || "another model"} by ${trigger.actor || "the scheduler"}` +
         ` after ${seconds(d.idle_for || 0)} idle`;
       render(m);
@@ -277,10 +287,11 @@
         }
       }
     },
-    [EVENTS.MODEL_HUNG](d) {
+    [EVENTS.MODEL_HUNG](d, ev) {
       const m = model(d.model);
       const who = holdersText(d.holders) || "nobody";
       const n = d.in_flight || 0;
+      m.noteAt = ev.time;
       m.note = `Killed as hung: no progress for ${seconds(d.idle_seconds || 0)} (${d.probe}); ` +
         `${n} request${n === 1 ? "" : "s"} in flight (${who}) answered 503`;
       render(m);
@@ -291,8 +302,9 @@
       m.backoff = { until: d.until, strikes: d.strikes, reason: d.reason };
       render(m);
     },
-    [EVENTS.MODEL_STUCK](d) {
+    [EVENTS.MODEL_STUCK](d, ev) {
       const m = model(d.model);
+      m.noteAt = ev.time;
       m.note = `Stuck: pid ${d.pid} survived SIGKILL ${seconds(d.seconds_since_kill)} ago`;
       render(m);
       scheduleRefresh();
