@@ -25,7 +25,7 @@ class PresetAdmin(admin.ModelAdmin):
     search_fields = ("name", "model_path")
     readonly_fields = ("gguf_facts", "gguf_estimate", "created_at", "updated_at", "updated_by")
     fieldsets = (
-        (None, {"fields": ("name", "aliases", "model_path", "enabled")}),
+        (None, {"fields": ("name", "aliases", "model_path", "enabled", "nodes")}),
         ("llama-server options", {"fields": ("args", "env")}),
         (
             "Lifecycle",

@@ -17,7 +17,7 @@ from models_app.models import ApiKey, AuditEvent, AuditKind, Preset, RouterSetti
 
 PRESET_FIELDS = (
     "name", "aliases", "model_path", "args", "env", "stop_timeout", "load_on_startup", "pinned",
-    "ttl", "load_timeout", "hang_timeout", "memory_estimate", "server_bin", "enabled",
+    "ttl", "load_timeout", "hang_timeout", "memory_estimate", "server_bin", "enabled", "nodes",
 )  # fmt: skip
 SETTINGS_FIELDS = (
     "models_max", "memory_budget", "memory_headroom", "settle_timeout", "max_waiters", "max_wait",

@@ -15,7 +15,7 @@ LABELS = {
     "env": "Environment", "stop_timeout": "Stop-timeout", "load_on_startup": "Load on startup",
     "pinned": "Pinned", "ttl": "Idle TTL", "load_timeout": "Load timeout",
     "hang_timeout": "Hang timeout", "memory_estimate": "Memory estimate",
-    "server_bin": "Server binary", "enabled": "Enabled",
+    "server_bin": "Server binary", "enabled": "Enabled", "nodes": "Nodes",
     # settings fields
     "models_max": "Max running models", "memory_budget": "Memory budget",
     "memory_headroom": "Memory headroom", "settle_timeout": "Settle timeout",
@@ -43,6 +43,8 @@ BYTES = frozenset({"memory_estimate", "memory_budget", "memory_headroom"})
 
 def value(v: Any, name: str = "") -> str:
     """One side of a change as text: pairs as ``key = value`` lines, lists by commas."""
+    if name == "nodes" and v == "":
+        return "any node"
     if v is None or v == "" or v == []:
         return "—"
     if name in BYTES and isinstance(v, int):

@@ -171,10 +171,15 @@ class PresetForm(forms.ModelForm):
     class Meta:
         model = Preset
         fields = (
-            "name", "model_path", "enabled", "stop_timeout", "load_on_startup", "pinned", "ttl",
-            "load_timeout", "hang_timeout", "server_bin",
+            "name", "model_path", "enabled", "nodes", "stop_timeout", "load_on_startup", "pinned",
+            "ttl", "load_timeout", "hang_timeout", "server_bin",
         )  # fmt: skip
-        widgets = {"name": forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"})}
+        widgets = {
+            "name": forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
+            "nodes": forms.TextInput(
+                attrs={"placeholder": "any node", "autocomplete": "off", "spellcheck": "false"}
+            ),
+        }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

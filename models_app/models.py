@@ -8,6 +8,7 @@ router itself owns (model path, aliases, stop-timeout, …) have fields of their
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import re
@@ -125,6 +126,14 @@ def validate_env(value: Any) -> None:
             )
 
 
+def validate_nodes(value: str) -> None:
+    try:
+        presets.parse_nodes(value)
+    except ValueError as exc:
+        message = str(exc).partition(": ")[2] or str(exc)
+        raise ValidationError(message[0].upper() + message[1:] + ".", code="invalid") from None
+
+
 def validate_server_bin(value: str) -> None:
     try:
         presets.check_server_bin(value)
@@ -205,6 +214,13 @@ class Preset(models.Model):
         "run through one. Options are checked against what its --help lists.",
     )
     enabled = models.BooleanField(default=True)
+    nodes = models.CharField(
+        max_length=1000,
+        blank=True,
+        validators=[validate_nodes],
+        help_text="The nodes this model may run on, by their runrouter --node names, separated "
+        "by commas (studio-1, studio-2). Empty: any node.",
+    )
     source = models.CharField(
         max_length=20,
         choices=PresetSource.choices,
@@ -249,6 +265,9 @@ class Preset(models.Model):
                 errors.setdefault(field_name, []).append(exc)
         if self.model_path and (problem := ini.check_value(self.model_path)):
             errors.setdefault("model_path", []).append(ValidationError(problem))
+        # One spelling: sorted, no spaces (a bad value is the field validator's error).
+        with contextlib.suppress(ValueError):
+            self.nodes = presets.format_nodes(presets.parse_nodes(self.nodes))
         if errors:
             raise ValidationError(errors)
 
@@ -268,6 +287,7 @@ class Preset(models.Model):
             memory=self.memory_estimate,
             server_bin=self.server_bin,
             enabled=self.enabled,
+            nodes=self.node_list,
         )
 
     def apply_def(self, preset: presets.PresetDef) -> None:
@@ -285,6 +305,12 @@ class Preset(models.Model):
         self.memory_estimate = preset.memory
         self.server_bin = preset.server_bin
         self.enabled = preset.enabled
+        self.nodes = presets.format_nodes(preset.nodes)
+
+    @property
+    def node_list(self) -> tuple[str, ...]:
+        """The nodes it may run on, sorted; empty: any node."""
+        return tuple(sorted({n.strip() for n in (self.nodes or "").split(",") if n.strip()}))
 
 
 def _validate_aliases(value: Any) -> None:

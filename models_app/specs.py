@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from models_app.models import Preset, RouterSettings
 from models_app.server_options import table_for
-from routerpanel.router import presets
+from routerpanel.router import placement, presets
 from routerpanel.router.config import PresetSpec, RouterConfig
 
 # Programs known to speak llama-server's child protocol (state lines on stdout, exit on stdin).
@@ -66,13 +66,17 @@ def speaks_child_protocol(argv: tuple[str, ...]) -> bool:
 def preset_specs(
     rows: list[Preset], settings_row: RouterSettings, overrides: Overrides = Overrides()
 ) -> list[PresetSpec]:
-    """Build a spec for every enabled preset, merging ``[*]`` and the stored defaults."""
+    """Build a spec for every enabled preset, merging ``[*]`` and the stored defaults.
+
+    A router with a node name (``runrouter --node NAME``) gets only the presets eligible on
+    that node: those naming no nodes or naming it (issue 18). The single router (node "")
+    gets them all."""
     global_def = settings_row.global_def()
     default_bin = overrides.server_bin or settings_row.server_binary
     return [
         _spec(row.to_def(), row, global_def, default_bin, settings_row, overrides)
         for row in rows
-        if row.enabled
+        if row.enabled and placement.eligible(row.node_list, overrides.node)
     ]
 
 
@@ -141,6 +145,7 @@ def _spec(
         load_on_startup=bool(pick("load_on_startup", False)),
         memory_estimate=row.memory_estimate or row.gguf_estimate,
         speaks_child_protocol=speaks_child_protocol(argv),
+        nodes=definition.nodes,
     )
 
 

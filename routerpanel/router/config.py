@@ -8,12 +8,27 @@ that names the field, instead of deep inside the scheduler.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
 # The supervisor appends these (S2); a preset that carries them would fight it.
 _RESERVED_FLAGS = ("--host", "--port")
+# What ``runrouter --node NAME`` and a preset's ``node`` key accept as a node name (issue 18).
+NODE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def node_names_problem(names: Iterable[str]) -> str | None:
+    """Say what is wrong with a list of node names (a bad or repeated name), or None."""
+    seen: set[str] = set()
+    for name in names:
+        if not isinstance(name, str) or not NODE_NAME.fullmatch(name):
+            return f"node name {name!r} may only use letters, digits, '.', '_' and '-'"
+        if name in seen:
+            return f"node {name!r} is named twice"
+        seen.add(name)
+    return None
 
 
 def _positive(
@@ -64,6 +79,7 @@ class PresetSpec:
     load_on_startup: bool = False
     memory_estimate: int | None = None
     speaks_child_protocol: bool = True
+    nodes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         owner = f"preset {self.name!r}"
@@ -78,6 +94,11 @@ class PresetSpec:
         _positive(owner, "ttl", self.ttl, allow_none=True)
         if self.memory_estimate is not None:
             _check_int(owner, "memory_estimate", self.memory_estimate, minimum=0)
+        if not isinstance(self.nodes, tuple):
+            raise ValueError(f"{owner}: nodes must be a tuple of node names")
+        problem = node_names_problem(self.nodes)
+        if problem:
+            raise ValueError(f"{owner}: {problem}")
 
     def _check_argv(self, owner: str) -> None:
         if not isinstance(self.argv, tuple) or not self.argv:

@@ -148,6 +148,7 @@ def model_data(
         "pinned": view.pinned,
         "stop_timeout": spec.stop_timeout if spec else None,
         "hang_timeout": spec.hang_timeout if spec else None,
+        "nodes": list(spec.nodes) if spec else [],  # where it may run (issue 18); []: any node
         "backoff": backoff,  # a crash loop holds its next start back until ``until`` (wall)
         "exit_code": child.exit_code,
         "last_exit": child.last_exit,

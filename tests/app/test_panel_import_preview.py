@@ -94,3 +94,15 @@ def test_every_error_of_the_file_is_listed_at_once(
     assert "lots" in box and "no-such-option" in box and "column 0" in box
     assert box.count('class="bad"') == 4  # each bad line marked in the listing
     assert not Preset.objects.exists()
+
+
+def test_a_changed_node_list_shows_before_and_after(
+    admin_client: Client, panel_router: RouterStub
+) -> None:
+    Preset.objects.create(name="ux-test", model_path="/m/a.gguf", nodes="studio-1")
+    text = preview(admin_client, "[ux-test]\nmodel = /m/a.gguf\nnode = studio-2,studio-1\n")
+    nodes = '<th scope="row">Nodes</th><td class="before">studio-1</td>'
+    assert f'{nodes}<td class="after">studio-1,studio-2</td>' in text
+    text = preview(admin_client, "[ux-test]\nmodel = /m/a.gguf\n")
+    nodes = '<th scope="row">Nodes</th><td class="before">studio-1</td>'
+    assert f'{nodes}<td class="after">any node</td>' in text

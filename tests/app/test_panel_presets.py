@@ -93,6 +93,42 @@ class TestCreate:
         _, specs = load_specs()
         assert specs[0].hang_timeout == 60.0  # the router settings' default
 
+    @pytest.mark.parametrize(
+        ("value", "message"),
+        [
+            ("studio 1", "Node name &#x27;studio 1&#x27; may only use letters, digits"),
+            ("a, b, a", "Node &#x27;a&#x27; is named twice."),
+            ("a,,b", "A node name is empty (between two commas)."),
+        ],
+    )
+    def test_a_malformed_node_list_is_a_field_error(
+        self, admin_client: Client, panel_router: RouterStub, value: str, message: str
+    ) -> None:
+        response = admin_client.post("/presets/new/", form(nodes=value))
+        assert response.status_code == 200
+        errors = response.context["form"].errors
+        assert list(errors) == ["nodes"], errors
+        text = response.content.decode()
+        assert 'id="id_nodes-errors"' in text and message in text
+        assert not Preset.objects.exists()
+
+    def test_nodes_are_saved_in_one_spelling_and_shown_on_the_detail_page(
+        self, admin_client: Client, panel_router: RouterStub
+    ) -> None:
+        edit = admin_client.get("/presets/new/").content.decode()
+        assert 'name="nodes"' in edit and "Empty: any node." in edit
+        response = admin_client.post("/presets/new/", form(nodes=" studio-2 , studio-1"))
+        assert response.status_code == 302
+        preset = Preset.objects.get()
+        assert preset.nodes == "studio-1,studio-2"
+        detail = admin_client.get(f"/presets/{preset.pk}/").content.decode()
+        assert '<dd id="preset-nodes">studio-1, studio-2</dd>' in detail
+        row = AuditEvent.objects.get(kind=AuditKind.PRESET_CREATED)
+        assert row.details["changes"]["nodes"] == [None, "studio-1,studio-2"]
+        Preset.objects.update(nodes="")
+        detail = admin_client.get(f"/presets/{preset.pk}/").content.decode()
+        assert '<dd id="preset-nodes">any node</dd>' in detail
+
     def test_rows_reject_a_key_given_twice_and_options_with_their_own_field(
         self, admin_client: Client, panel_router: RouterStub
     ) -> None:

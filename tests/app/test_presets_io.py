@@ -317,3 +317,47 @@ class TestExport:
         assert "[sim]" not in out and "pinned" not in out and "server-bin" not in out
         assert "left out sim" in err
         assert export_presets(llama_compatible=True).count("[") == 2
+
+
+class TestNodes:
+    """The RouterPanel key ``node`` (issue 18): the nodes a preset may run on."""
+
+    TEXT = "[a]\nmodel = /m/a.gguf\nnode = studio-2, studio-1\n[b]\nmodel = /m/b.gguf\n"
+
+    def test_it_is_imported_sorted_and_exported_as_one_key(self) -> None:
+        import_presets(self.TEXT)
+        assert Preset.objects.get(name="a").nodes == "studio-1,studio-2"
+        assert Preset.objects.get(name="b").nodes == ""  # any node
+        out = export_presets()
+        assert "[a]\nmodel = /m/a.gguf\nnode = studio-1,studio-2\n" in out
+        assert "[b]\nmodel = /m/b.gguf\n" in out and out.count("node =") == 1
+        assert "node" not in export_presets(llama_compatible=True)
+        again = import_presets(out)
+        assert (again.created, again.updated, again.unchanged) == ([], [], ["a", "b"])
+
+    def test_a_changed_node_list_is_an_update_with_its_before_and_after(self) -> None:
+        import_presets(self.TEXT)
+        report = import_presets(self.TEXT.replace("studio-2, studio-1", "laptop"), dry_run=True)
+        assert report.updated == ["a"]
+        assert report.changes["a"] == {"nodes": ["studio-1,studio-2", "laptop"]}
+        report = import_presets(self.TEXT.replace("node = studio-2, studio-1\n", ""))
+        assert report.changes["a"] == {"nodes": ["studio-1,studio-2", ""]}
+        event = AuditEvent.objects.filter(kind=AuditKind.PRESET_CHANGED).latest("pk")
+        assert event.details["changes"] == {"nodes": ["studio-1,studio-2", ""]}
+
+    @pytest.mark.parametrize(
+        ("value", "message"),
+        [
+            ("studio 1", "node name 'studio 1' may only use letters, digits"),
+            ("a,a", "node 'a' is named twice"),
+            ("a,,b", "a node name is empty"),
+        ],
+    )
+    def test_a_malformed_value_names_its_line_and_imports_nothing(
+        self, value: str, message: str
+    ) -> None:
+        with pytest.raises(IniError) as caught:
+            import_presets(f"[ok]\nmodel = /m/ok.gguf\n[a]\nmodel = /m/a.gguf\nnode = {value}\n")
+        assert caught.value.line == 5
+        assert f"node = {value!r}: {message}" in str(caught.value)
+        assert not Preset.objects.exists()

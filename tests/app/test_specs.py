@@ -121,3 +121,37 @@ def test_demo_presets_run_the_simulated_server() -> None:
     found = by_name()
     assert all("routerpanel.router.simserver" in found[n].argv for n in names)  # type: ignore[attr-defined]
     assert found["demo-large"].memory_estimate == 768 << 20  # type: ignore[attr-defined]
+
+
+NODE_FILE = """[anywhere]
+model = /models/a.gguf
+
+[studio-only]
+model = /models/s.gguf
+node = studio-1,studio-2
+
+[laptop-only]
+model = /models/l.gguf
+node = laptop
+"""
+
+
+@pytest.mark.parametrize(
+    ("node", "expected"),
+    [
+        ("", {"anywhere", "studio-only", "laptop-only"}),  # the single router: every preset
+        ("studio-2", {"anywhere", "studio-only"}),
+        ("laptop", {"anywhere", "laptop-only"}),
+        ("elsewhere", {"anywhere"}),
+    ],
+)
+def test_a_router_with_a_node_name_knows_only_the_presets_eligible_on_it(
+    node: str, expected: set[str]
+) -> None:
+    import_presets(NODE_FILE)
+    _, found = specs.load_specs(specs.Overrides(node=node))
+    assert {s.name for s in found} == expected
+    nodes = {s.name: s.nodes for s in found}
+    if "studio-only" in nodes:
+        assert nodes["studio-only"] == ("studio-1", "studio-2")
+    assert nodes["anywhere"] == ()

@@ -484,8 +484,8 @@ class TestEvents:
             "port",
             "in_flight", "holders", "last_used", "loaded_at", "load_seconds", "queue_position",
             "queue_waiters", "memory",
-            "pinned", "stop_timeout", "hang_timeout", "backoff", "exit_code", "last_exit", "args",
-            "info", "progress",
+            "pinned", "stop_timeout", "hang_timeout", "nodes", "backoff", "exit_code", "last_exit",
+            "args", "info", "progress",
         }  # fmt: skip
         assert (a["port"], a["in_flight"], a["info"]) == (lease.port, 1, {"id": "a"})
         port = str(h.sup.port("a"))

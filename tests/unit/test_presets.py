@@ -242,9 +242,27 @@ class TestRouterKeys:
         assert preset.enabled is False
         assert preset.env == (("CUDA_VISIBLE_DEVICES", "0"),)
 
+    def test_node_names_the_nodes_a_preset_may_run_on_sorted(self) -> None:
+        text = "[m]\nnode = studio-2, studio-1\n[any]\nnode =\n[unset]\nc = 1\n"
+        assert [p.nodes for p in parse_presets(text).presets] == [
+            ("studio-1", "studio-2"),
+            (),
+            (),
+        ]
+
+    def test_node_is_not_allowed_in_the_global_section(self) -> None:
+        with pytest.raises(ini.IniError) as caught:
+            parse_presets("[*]\nc = 1\nnode = studio-1\n[m]\nc = 2\n")
+        assert caught.value.line == 3
+        assert "in [*]: name the nodes in each model's section" in str(caught.value)
+
     @pytest.mark.parametrize(
         ("line", "message"),
         [
+            ("node = studio 1", "node = 'studio 1': node name 'studio 1' may only use letters"),
+            ("node = a,,b", "node = 'a,,b': a node name is empty"),
+            ("node = a, b, a", "node = 'a, b, a': node 'a' is named twice"),
+            ("node = a/b", "node name 'a/b' may only use"),
             ("pinned = maybe", "pinned = 'maybe': use true or false"),
             ("ttl = -1", "ttl = '-1': expected a whole number"),
             ("load-timeout = 1.5", "expected a whole number"),
@@ -296,7 +314,7 @@ class TestRender:
     def test_llama_compatible_output_leaves_routerpanel_keys_and_programs_out(self) -> None:
         text = (
             "[a]\nc = 1\npinned = true\nttl = 5\nmemory = 1G\nenv.X = 1\nstop-timeout = 3\n"
-            "[sim]\nserver-bin = python -m x\nfoo = 1\n[off]\nenabled = false\n"
+            "node = s1\n[sim]\nserver-bin = python -m x\nfoo = 1\n[off]\nenabled = false\n"
         )
         parsed = parse_presets(text)
         out = render_presets(parsed.global_def, parsed.presets, llama_compatible=True)
@@ -308,7 +326,13 @@ class TestRender:
         again = parse_presets(render_presets(parsed.global_def, parsed.presets))
         assert again.presets == parsed.presets
 
+    def test_node_is_written_back_as_one_key(self) -> None:
+        parsed = parse_presets("[a]\nc = 1\nnode = s2,s1\n[b]\nc = 2\n")
+        out = render_presets(parsed.global_def, parsed.presets)
+        assert out == "[a]\nc = 1\nnode = s1,s2\n\n[b]\nc = 2\n"
 
+
+NODE_NAMES = st.from_regex(r"[A-Za-z0-9._-]{1,10}", fullmatch=True)
 OPTION_KEYS = st.sampled_from(["c", "ctx-size", "temp", "no-warmup", "jinja", "n-gpu-layers"])
 SAFE = st.text(alphabet="abcXYZ019./_-:", min_size=1, max_size=12)
 INTS = st.integers(-1, 1 << 20).map(str)
@@ -334,6 +358,8 @@ def preset_defs(draw: st.DrawFn, name: str) -> PresetDef:
         hang_timeout=draw(st.one_of(st.none(), st.integers(0, 600), st.sampled_from([0.5, 2.5]))),
         memory=draw(st.one_of(st.none(), st.integers(0, 1 << 40))),
         enabled=draw(st.booleans()),
+        # [*] may not name nodes
+        nodes=() if name == "*" else tuple(sorted(draw(st.sets(NODE_NAMES, max_size=3)))),
     )
 
 

@@ -667,6 +667,9 @@ class TestConfig:
             ("memory_estimate", -5, "memory_estimate must be >= 0"),
             ("aliases", ("a",), "aliases must be distinct and differ from the name"),
             ("env", (("A=B", "1"),), "env names"),
+            ("nodes", ("studio 1",), "node name 'studio 1' may only use letters"),
+            ("nodes", ("a", "a"), "node 'a' is named twice"),
+            ("nodes", ["a"], "nodes must be a tuple"),
         ],
     )
     def test_preset_validation_names_the_field(

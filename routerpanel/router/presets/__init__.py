@@ -12,7 +12,7 @@ Three kinds of keys:
 * llama.cpp's router-only keys: ``load-on-startup``, ``stop-timeout``, ``dedup-cache-models``.
 * RouterPanel's keys, which llama.cpp would reject, so ``--llama-compatible`` export leaves them
   out: ``server-bin``, ``pinned``, ``ttl``, ``load-timeout``, ``hang-timeout``, ``memory``,
-  ``enabled`` and ``env.NAME``.
+  ``enabled``, ``node`` (the nodes a model may run on, issue 18; not in ``[*]``) and ``env.NAME``.
 
 llama-server options are checked against the program that will run the preset: its own
 ``server-bin``, else the one in ``[*]``, else the default. The caller says what each program
@@ -57,9 +57,11 @@ from routerpanel.router.presets.values import (
     DEFAULT_STOP_TIMEOUT,
     check_server_bin,
     format_duration,
+    format_nodes,
     format_size,
     parse_bool,
     parse_duration,
+    parse_nodes,
     parse_seconds,
     parse_size,
     parse_stop_timeout,
@@ -85,9 +87,11 @@ __all__ = [
     "check_value",
     "def_to_section",
     "format_duration",
+    "format_nodes",
     "format_size",
     "parse_bool",
     "parse_duration",
+    "parse_nodes",
     "parse_presets",
     "parse_seconds",
     "parse_size",

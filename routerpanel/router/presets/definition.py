@@ -15,7 +15,7 @@ ROUTER_KEY_ENV_NAMES = {
     "__PRESET_DEDUP_CACHE_MODELS": "dedup-cache-models",
 }
 ROUTERPANEL_KEYS = (
-    "server-bin", "pinned", "ttl", "load-timeout", "hang-timeout", "memory", "enabled",
+    "server-bin", "pinned", "ttl", "load-timeout", "hang-timeout", "memory", "enabled", "node",
 )  # fmt: skip
 ENV_PREFIX = "env."
 # Options the router sets or strips itself (ROUTER_SPEC 4.2, 12.4): never rendered from a preset.
@@ -71,6 +71,7 @@ class PresetDef:
     memory: int | None = None
     server_bin: str = ""
     enabled: bool = True
+    nodes: tuple[str, ...] = ()  # the nodes it may run on (``node = a,b``); empty: any node
 
 
 @dataclass

@@ -22,6 +22,7 @@ from routerpanel.router.presets.values import (
     check_server_bin,
     parse_bool,
     parse_duration,
+    parse_nodes,
     parse_seconds,
     parse_size,
     parse_stop_timeout,
@@ -108,6 +109,11 @@ def section_to_def(
         try:
             if key.startswith(ENV_PREFIX):
                 env.append((_env_name(key), value))
+            elif key == "node" and section.name == ini.GLOBAL_SECTION:
+                raise ValueError(
+                    f"node = {value!r} in [*]: name the nodes in each model's section "
+                    "(a model without node runs on any node)"
+                )
             elif key in ROUTERPANEL_KEYS or key in LLAMA_ROUTER_KEYS:
                 _router_key(key, value, entry.line, fields, sink)
             else:
@@ -212,6 +218,8 @@ def _router_key(
         fields["hang_timeout"] = parse_duration(key, value)
     elif key == "memory":
         fields["memory"] = parse_size(value)
+    elif key == "node":
+        fields["nodes"] = parse_nodes(value)
 
 
 def check_aliases(presets: Iterable[PresetDef], source: str = "<preset>") -> None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from routerpanel.router import ini, options
 from routerpanel.router.presets.definition import ENV_PREFIX, RESERVED_KEYS, PresetDef, program_of
-from routerpanel.router.presets.values import format_duration, format_size
+from routerpanel.router.presets.values import format_duration, format_nodes, format_size
 
 
 def def_to_section(preset: PresetDef, *, llama_compatible: bool = False) -> ini.Section:
@@ -47,6 +47,8 @@ def _routerpanel_pairs(preset: PresetDef) -> list[tuple[str, str]]:
         pairs.append(("memory", format_size(preset.memory)))
     if not preset.enabled:
         pairs.append(("enabled", "false"))
+    if preset.nodes:
+        pairs.append(("node", format_nodes(preset.nodes)))
     pairs.extend((ENV_PREFIX + name, value) for name, value in preset.env)
     return pairs
 

@@ -11,6 +11,7 @@ import re
 import shlex
 
 from routerpanel.router import ini, options
+from routerpanel.router.config import node_names_problem
 
 DEFAULT_STOP_TIMEOUT = 10
 _DECIMAL = re.compile(r"\d+(?:\.\d+)?")
@@ -93,3 +94,21 @@ def check_server_bin(value: str) -> str:
 def split_list(value: str) -> tuple[str, ...]:
     """Split ``a, b,,c`` into a sorted set, as llama.cpp reads aliases (ROUTER_SPEC 2.7)."""
     return tuple(sorted({part.strip() for part in value.split(",") if part.strip()}))
+
+
+def parse_nodes(value: str) -> tuple[str, ...]:
+    """Read ``node = studio-1, studio-2`` (the nodes a preset may run on; empty: any node) into
+    sorted names. A bad name, an empty one between commas or a repeated one is refused."""
+    if not value.strip():
+        return ()
+    names = [part.strip() for part in value.split(",")]
+    if "" in names:
+        raise ValueError(f"node = {value!r}: a node name is empty (between two commas)")
+    problem = node_names_problem(names)
+    if problem:
+        raise ValueError(f"node = {value!r}: {problem}")
+    return tuple(sorted(names))
+
+
+def format_nodes(nodes: tuple[str, ...]) -> str:
+    return ",".join(nodes)
