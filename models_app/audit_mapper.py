@@ -155,7 +155,7 @@ class AuditMapper:
             Event.QUEUE_CHANGED: self.queue_changed, Event.ROUTER_STARTED: self.router_started,
             Event.MEMORY_SAMPLE: self.memory_sample, Event.MEMORY_SETTLED: self.memory_settled,
             Event.MESSAGE_EXPIRED: self.message_expired,
-            Event.SERVICE_OUTAGE: self.service_outage,
+            Event.SERVICE_OUTAGE: self.service_outage, Event.NODE_CHANGED: self.node_changed,
         }  # fmt: skip
 
     # ---- handlers, named after the event types (STYLE 13) ------------------------------------
@@ -262,6 +262,26 @@ class AuditMapper:
                 details=dict(d),
             )
         )  # fmt: skip
+
+    def node_changed(self, seq: int, t: float, d: dict[str, Any]) -> None:
+        node, models = d.get("node") or "", ", ".join(d.get("models") or ()) or "none"
+        if d.get("change") == "lost":
+            kind = AuditKind.NODE_LOST
+            reason = (
+                f"node {node} on {d.get('host') or '?'} stopped beating "
+                f"{d.get('silent_for') or 0:.0f} s ago; its models are shown as lost and "
+                f"requests go to other eligible nodes; it was running: {models}"
+            )
+        else:
+            kind = AuditKind.NODE_JOINED
+            back = d.get("lost_for")
+            reason = (
+                f"node {node} on {d.get('host') or '?'} "
+                + (f"returned after {back:.0f} s" if back is not None else "joined")
+                + f"; it may run: {models}"
+            )
+        self._emit(_row(seq, t, kind, actor="router", reason=reason, node=node,
+                        details=dict(d)))  # fmt: skip
 
     def model_exited(self, seq: int, t: float, d: dict[str, Any]) -> None:
         model = d["model"]

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 _LIMITS = {
     "kind": 32, "model": 200, "from_state": 16, "to_state": 16, "actor": 200, "reason": 500,
-    "trigger_model": 200, "trigger_request": 200, "router_id": 64,
+    "trigger_model": 200, "trigger_request": 200, "router_id": 64, "node": 64,
 }  # fmt: skip
 
 
@@ -128,8 +128,10 @@ class AuditWriter:
         legacy_spool: Path | None = None,
         segment_bytes: int | None = None,
         on_outage_over: Callable[[float], None] | None = None,
+        node: str = "",
     ) -> None:
         self.router_id = router_id or new_router_id()
+        self.node = node  # several hosts (issue 18): every row names the node that wrote it
         extra = {} if segment_bytes is None else {"segment_bytes": segment_bytes}
         self.journal = Journal(journal_dir, self.router_id, **extra)
         self.reader = JournalReader(journal_dir, self.router_id, legacy_spool)
@@ -174,12 +176,14 @@ class AuditWriter:
 
     def _produce(self, row: Row) -> None:
         row["router_id"] = self.router_id
+        row.setdefault("node", self.node)  # a node.changed row names the node it is about
         self.journal.append([final(row)], self.mapper.pending)
         self.produced += 1
         self._wake.set()
 
     def _pending(self, row: Row, waiting: list[str]) -> None:
         row["router_id"] = self.router_id
+        row.setdefault("node", self.node)
         self.journal.append([pending(row, waiting)], self.mapper.pending)
 
     async def run_until_cancelled(self) -> None:

@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from channels.layers import BaseChannelLayer, get_channel_layer
 
+from models_app import nodes
 from models_app.messages import (
     AcceptedMessage,
     AcquireAnswer,
@@ -168,6 +169,7 @@ class Grant:
     lease_ttl: float
     boot: str = ""
     receipt: Receipt = NO_RECEIPT  # what the request waited through (issue 17.3)
+    node: str = ""  # the node that granted it (issue 18): renew and release go there
     # The router connection it was granted over (team mode, routerlink.py): renew and release
     # go on it; when it closes the router has ended the lease already.
     via: Connection | None = field(default=None, compare=False, repr=False)
@@ -208,15 +210,47 @@ class RouterClient:
     goes over the default channel layer otherwise; ``RouterClient(layer)`` always uses ``layer``.
     """
 
-    def __init__(self, layer: BaseChannelLayer | None = None, timeout: float = ROUTER_TIMEOUT):
+    def __init__(
+        self,
+        layer: BaseChannelLayer | None = None,
+        timeout: float = ROUTER_TIMEOUT,
+        node: str | None = None,
+    ):
         self._layer = layer
         self._explicit_layer = layer is not None
         self.timeout = timeout
+        # Several hosts (issue 18): None places each request (nodes.py) — on the unnamed
+        # router when no node beats; a name talks to that node's router only.
+        self.node = node
 
     def with_timeout(self, timeout: float) -> RouterClient:
         """The same client with another first-answer deadline."""
-        twin = RouterClient(self._layer if self._explicit_layer else None, timeout=timeout)
+        layer = self._layer if self._explicit_layer else None
+        return RouterClient(layer, timeout=timeout, node=self.node)
+
+    def on_node(self, node: str) -> RouterClient:
+        """The same client bound to ``node`` ("" the unnamed router)."""
+        if node == self.node:
+            return self
+        twin = RouterClient(self._layer if self._explicit_layer else None, self.timeout, node)
         return twin
+
+    @property
+    def channel(self) -> str:
+        return nodes.channel(self.node or "")
+
+    async def _placed(self, model: str | None) -> RouterClient:
+        """The client of the node ``model``'s request goes to (nodes.place); self when bound or
+        when no node beats (one router)."""
+        if self.node is not None:
+            return self
+        directory = await nodes.known()
+        if not directory:
+            return self.on_node("")
+        try:
+            return self.on_node(await nodes.place_claimed(model, directory))
+        except nodes.NoPlace as exc:
+            raise RouterRejected(503, error_body(503, str(exc), "unavailable_error"), 5) from None
 
     @property
     def layer(self) -> BaseChannelLayer:
@@ -248,7 +282,8 @@ class RouterClient:
         host = self._in_process()
         if host is not None:
             return await self._acquire_local(host, model, actor, autoload, request_id, priority)
-        return await self._acquire_remote(model, actor, autoload, request_id, priority)
+        client = await self._placed(model)
+        return await client._acquire_remote(model, actor, autoload, request_id, priority)
 
     async def _acquire_local(
         self,
@@ -285,7 +320,7 @@ class RouterClient:
     async def _acquire_remote(
         self, model: str, actor: str, autoload: bool, request_id: str, priority: str = "normal"
     ) -> Grant:
-        watch = _watch()
+        watch = _watch(self.node or "")
         if watch is not None and (why := watch.lost(None)) is not None:
             raise router_unavailable(why)  # known dead: do not even queue a message
         if watch is not None and (conn := await _connection(watch)) is not None:
@@ -381,7 +416,8 @@ class RouterClient:
         if isinstance(lease, Grant) and lease.via is not None:
             lease.via.send(message)  # closed: the router ended the lease already
             return
-        await self._send_quietly(message)
+        client = self.on_node(lease.node) if isinstance(lease, Grant) else self
+        await client._send_quietly(message)
 
     def progress(self, grant: Grant) -> None:
         """A byte of the answer went out now (in process: straight into the watchdog)."""
@@ -399,7 +435,8 @@ class RouterClient:
         if isinstance(grant, Grant) and grant.via is not None:
             grant.via.send(message)  # closed: the router ended the lease already
             return
-        await self._send_quietly(message)
+        client = self.on_node(grant.node) if isinstance(grant, Grant) else self
+        await client._send_quietly(message)
 
     async def why_ended(self, grant: Grant) -> RouterRejected | None:
         """Ask why the router ended this lease (its child was killed as hung), or None.
@@ -411,7 +448,7 @@ class RouterClient:
             ended = host.engine.why_ended(grant.lease_id)
             return None if ended is None else RouterRejected.from_error(ended)
         try:
-            body: LeaseAnswer = await self._call(
+            body: LeaseAnswer = await self.on_node(grant.node)._call(
                 {"type": "router.lease", "lease_id": grant.lease_id}
             )
         except RouterRejected:
@@ -491,7 +528,28 @@ class RouterClient:
         host = self._in_process()
         if host is not None:
             return await self._call_local(host, call)
-        return await self._call_remote(call)
+        model = call.get("model")
+        if self.node is None and not model and (live := await nodes.live_names()):
+            return await self._call_every(call, live)
+        client = await self._placed(str(model) if model else None)
+        return await client._call_remote(call)
+
+    async def _call_every(self, call: Call, live: list[str]) -> Any:
+        """A call without a model when several nodes beat goes to every live node: snapshots
+        merge (each model and queue entry names its node), metrics gain a ``node`` label; any
+        other call (reload, reservations, ready, memory) answers with the first node's answer."""
+        answers = await asyncio.gather(
+            *(self.on_node(node)._call_remote(call) for node in live), return_exceptions=True
+        )
+        got = {node: a for node, a in zip(live, answers, strict=True) if isinstance(a, Mapping)}
+        if not got:
+            failed = next(a for a in answers if isinstance(a, BaseException))
+            raise failed
+        if call["type"] == "router.snapshot":
+            return nodes.merge_snapshots(got, await nodes.known())
+        if call["type"] == "router.metrics":
+            return nodes.merge_metrics(got)
+        return next(iter(got.values()))
 
     async def _call_local(self, host: LocalRouter, call: Call) -> AnswerBody:
         from routerpanel.router.errors import RouterError
@@ -502,7 +560,7 @@ class RouterClient:
             raise RouterRejected.from_error(exc) from None
 
     async def _call_remote(self, call: Call) -> Mapping[str, Any]:
-        watch = _watch()
+        watch = _watch(self.node or "")
         if watch is not None and (why := watch.lost(None)) is not None:
             raise router_unavailable(why)
         wait = self.timeout  # calls are short and pages wait for them: no burst allowance
@@ -567,7 +625,7 @@ class RouterClient:
 
     async def _until_router_gone(self, wait: Awaitable[T], boot: str | None) -> T:
         """Await ``wait``; raise 503 as soon as the router that answered is dead or replaced."""
-        watch = _watch()
+        watch = _watch(self.node or "")
         if watch is None:
             return await wait
         waiting = asyncio.ensure_future(wait)
@@ -592,19 +650,18 @@ class RouterClient:
     async def _send(self, message: Mapping[str, Any]) -> None:
         """Send to the router; a layer that refuses (Redis away, full) is a 503, never a 500."""
         try:
-            await self.layer.send(ROUTER_CHANNEL, message)
+            await self.layer.send(self.channel, message)
         except Exception as exc:
             log.warning("could not send %s to the router: %s", message["type"], exc)
             raise router_unavailable() from exc
 
     async def _send_quietly(self, message: RenewMessage | ReleaseMessage | CancelMessage) -> None:
         try:
-            await self.layer.send(ROUTER_CHANNEL, message)
+            await self.layer.send(self.channel, message)
         except Exception:  # a full or unreachable layer must not turn a release into a 500
             log.warning("could not send %s", message["type"], exc_info=True)
 
-    @staticmethod
-    def _grant_or_raise(answer: Reply) -> Grant:
+    def _grant_or_raise(self, answer: Reply) -> Grant:
         if answer["type"] == "router.granted":
             return Grant(
                 answer["request_id"],
@@ -614,6 +671,7 @@ class RouterClient:
                 float(answer["lease_ttl"]),
                 answer.get("boot", ""),
                 receipt_from(answer),
+                self.node or "",
             )
         if answer["type"] == "router.rejected":
             raise RouterRejected(answer["status"], answer["error"], answer.get("retry_after"))
@@ -656,15 +714,16 @@ async def _connection(watch: RouterWatch) -> Connection | None:
     return await routerlink.connection(watch)
 
 
-def _watch() -> RouterWatch | None:
-    """The router's heartbeat watch of this loop in team mode; None without Redis."""
+def _watch(node: str = "") -> RouterWatch | None:
+    """The heartbeat watch of ``node``'s router ("" the unnamed one) on this loop in team mode;
+    None without Redis."""
     from django.conf import settings
 
     if not settings.REDIS_URL:
         return None
     from models_app import liveness
 
-    return liveness.watch()
+    return liveness.watch(node)
 
 
 async def _on_loop(host: LocalRouter, work: Coroutine[Any, Any, T]) -> T:

@@ -27,16 +27,20 @@ from typing import Any
 
 from django.conf import settings
 
+from models_app import nodes
+
 log = logging.getLogger(__name__)
 
 BEAT_EVERY = 1.0  # seconds between two heartbeats
 BEAT_TTL = 10.0  # the key expires this long after the last beat
 DEAD_AFTER = 6.0  # a web process calls the router dead after this long without a fresh beat
 POLL_EVERY = 1.0
+POKE_GAP = 0.05  # a poked beat waits this long, so that a burst of changes makes one beat
 
 
-def heartbeat_key() -> str:
-    return f"{settings.ROUTERPANEL_REDIS_PREFIX}:router:heartbeat"
+def heartbeat_key(node: str = "") -> str:
+    """The beat's key: the unnamed router's, or node ``node``'s (nodes.py)."""
+    return nodes.heartbeat_key(node)
 
 
 def redis_client(url: str | None = None, timeout: float = 2.0) -> Any:
@@ -56,6 +60,9 @@ class Beat:
     time: float  # wall clock of the beat
     started: float
     link: str = ""  # where web processes connect (routerlink.py): "unix:PATH"; "": channels only
+    node: str = ""  # the node's name (nodes.py); "" the unnamed router
+    advertise: str = ""  # the address its children listen on, for web processes to reach them
+    status: dict[str, Any] | None = None  # capacity, memory and models, for placement
 
     @classmethod
     def parse(cls, raw: bytes | str | None) -> Beat | None:
@@ -80,8 +87,13 @@ class Heartbeat:
         ttl: float = BEAT_TTL,
         on_back: Callable[[float], None] | None = None,
         link: str = "",
+        node: str = "",
+        advertise: str = "",
+        status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.boot = boot
+        self.node, self.advertise = nodes.check_name(node), advertise
+        self.status = status  # what the beat tells about the node (placement reads it)
         self.link = link  # the address the router's data path listens on, advertised
         self.on_back = on_back  # called with the outage's length when Redis returns
         self.every, self.ttl = every, ttl
@@ -90,24 +102,40 @@ class Heartbeat:
         self.outage_since: float | None = None
         self.last_ok: float | None = None  # monotonic time of the last beat Redis took
         self.resumed_at = 0.0  # wall clock: the end of the last lapse (see ``stale_before``)
+        self._poked: asyncio.Event | None = None  # a beat is due now (``poke``)
 
     def value(self) -> str:
         host = socket.gethostname()
-        beat = Beat(self.boot, os.getpid(), host, time.time(), self.started, self.link)
+        status = self.status() if self.status is not None else None
+        beat = Beat(self.boot, os.getpid(), host, time.time(), self.started, self.link,
+                    self.node, self.advertise, status)  # fmt: skip
         return json.dumps(beat.__dict__)
 
     async def run(self) -> None:
         client = redis_client(timeout=min(2.0, self.every * 2))
+        self._poked = asyncio.Event()
         try:
             while True:
                 await self.beat(client)
-                await asyncio.sleep(self.every)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.every):
+                        await self._poked.wait()
+                        await asyncio.sleep(POKE_GAP)  # a burst of changes: one beat
+                self._poked.clear()
         finally:
             await client.aclose()
 
+    def poke(self) -> None:
+        """Beat soon, not in up to a second: what the beat tells changed (a node's models,
+        which placement reads). Call on the beating loop."""
+        if self._poked is not None:
+            self._poked.set()
+
     async def beat(self, client: Any) -> bool:
         try:
-            await client.set(heartbeat_key(), self.value(), px=int(self.ttl * 1000))
+            await client.set(heartbeat_key(self.node), self.value(), px=int(self.ttl * 1000))
+            if self.node:  # known from now on, and shown as lost once it stops beating
+                await client.hset(nodes.members_key(), self.node, str(time.time()))
         except Exception as exc:  # Redis away: keep serving, keep trying
             if self.failures == 0:
                 self.outage_since = time.monotonic()
@@ -140,9 +168,9 @@ class Heartbeat:
         """Remove our beat at a clean stop, so web processes know at once."""
         client = redis_client()
         try:
-            beat = Beat.parse(await client.get(heartbeat_key()))
+            beat = Beat.parse(await client.get(heartbeat_key(self.node)))
             if beat is not None and beat.boot == self.boot:
-                await client.delete(heartbeat_key())
+                await client.delete(heartbeat_key(self.node))
         except Exception:
             log.debug("could not clear the heartbeat", exc_info=True)
         finally:
@@ -152,7 +180,10 @@ class Heartbeat:
 class RouterWatch:
     """A web process's view of the router's heartbeat (see module doc). One per event loop."""
 
-    def __init__(self, *, poll: float = POLL_EVERY, dead_after: float = DEAD_AFTER) -> None:
+    def __init__(
+        self, node: str = "", *, poll: float = POLL_EVERY, dead_after: float = DEAD_AFTER
+    ) -> None:
+        self.node = nodes.check_name(node)  # whose beat: the unnamed router's or a node's
         self.poll, self.dead_after = poll, dead_after
         self.beat: Beat | None = None
         self.seen_at: float | None = None  # monotonic time of the last fresh beat
@@ -198,10 +229,11 @@ class RouterWatch:
             await changed.wait()
 
     def lost(self, boot: str | None) -> str | None:
+        who = f"node {self.node}" if self.node else "the router"
         if not self.alive():
-            return f"no heartbeat from the router for {self.silent_for():.0f} s"
+            return f"no heartbeat from {who} for {self.silent_for():.0f} s"
         if boot is not None and self.beat is not None and self.beat.boot != boot:
-            return "the router restarted"
+            return f"{who} restarted"
         return None
 
     async def _run(self) -> None:
@@ -215,7 +247,7 @@ class RouterWatch:
 
     async def _poll_once(self, client: Any) -> None:
         try:
-            beat = Beat.parse(await client.get(heartbeat_key()))
+            beat = Beat.parse(await client.get(heartbeat_key(self.node)))
         except Exception:
             beat = None  # Redis away: the router is out of reach for us too
         old_boot = self.beat.boot if self.beat is not None else None
@@ -245,14 +277,14 @@ class RouterWatch:
         self.changed = asyncio.Event()
 
 
-_watches: dict[int, RouterWatch] = {}
+_watches: dict[tuple[int, str], RouterWatch] = {}
 
 
-def watch() -> RouterWatch:
-    """This loop's watch, started on first use."""
+def watch(node: str = "") -> RouterWatch:
+    """This loop's watch of ``node``'s router ("" the unnamed one), started on first use."""
     loop = asyncio.get_running_loop()
-    found = _watches.get(id(loop))
+    found = _watches.get((id(loop), node))
     if found is None or found._loop not in (None, loop):
-        found = _watches[id(loop)] = RouterWatch()
+        found = _watches[(id(loop), node)] = RouterWatch(node)
     found.ensure_running()
     return found

@@ -32,6 +32,8 @@ from typing import Any, TextIO
 import psutil
 from django.conf import settings
 
+from models_app import nodes
+
 log = logging.getLogger(__name__)
 
 LOCK_TTL = 15  # seconds the Redis key lives without a refresh
@@ -78,12 +80,13 @@ class Owner:
     since: float  # wall clock
     created: float  # the process's create time (tells a reused pid apart)
     data_dir: str = ""
+    node: str = ""
 
     @classmethod
-    def me(cls, boot: str) -> Owner:
+    def me(cls, boot: str, node: str = "") -> Owner:
         pid = os.getpid()
         return cls(socket.gethostname(), pid, boot, time.time(), _create_time(pid),
-                   str(settings.DATA_DIR))  # fmt: skip
+                   str(settings.DATA_DIR), node)  # fmt: skip
 
     @classmethod
     def parse(cls, raw: bytes | str | None) -> Owner | None:
@@ -111,7 +114,8 @@ class Owner:
     def describe(self) -> str:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
         where = f" for data dir {self.data_dir}" if self.data_dir else ""
-        return f"pid {self.pid} on host {self.host}{where} (boot {self.boot}, since {since})"
+        node = f"node {self.node}: " if self.node else ""
+        return f"{node}pid {self.pid} on host {self.host}{where} (boot {self.boot}, since {since})"
 
 
 def _create_time(pid: int) -> float:
@@ -124,11 +128,13 @@ def _create_time(pid: int) -> float:
 class RouterLock:
     """Hold this router's locks (see module doc). ``redis_url`` empty: the file lock only."""
 
-    def __init__(self, boot: str, *, data_dir: Path | None = None, redis_url: str = "") -> None:
-        self.owner = Owner.me(boot)
+    def __init__(
+        self, boot: str, *, data_dir: Path | None = None, redis_url: str = "", node: str = ""
+    ) -> None:
+        self.owner = Owner.me(boot, node)
         self.path = (data_dir or settings.DATA_DIR) / FILE_NAME
         self.redis_url = redis_url
-        self.key = f"{settings.ROUTERPANEL_REDIS_PREFIX}:router:lock"
+        self.key = nodes.lock_key(node)  # one router per node name; "" the unnamed router
         self._file: TextIO | None = None
         self.took_over: Owner | None = None  # a dead owner this lock replaced
 

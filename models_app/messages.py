@@ -382,6 +382,7 @@ class EventPayload(TypedDict):
     type: str  # a routerpanel.router.catalogue.Event value
     time: float
     data: Mapping[str, Any]  # the type's TypedDict in the catalogue
+    node: NotRequired[str]  # several hosts (issue 18): the node whose router sent it
 
 
 class EventMessage(TypedDict):

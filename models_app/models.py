@@ -723,6 +723,8 @@ class AuditKind(TextChoices):
     LOGIN_UNLOCKED = "login_unlocked", "panel login unlocked"
     RESERVATION_STARTED = "reservation_started", "reservation started"
     RESERVATION_ENDED = "reservation_ended", "reservation ended"
+    NODE_LOST = "node_lost", "node lost"
+    NODE_JOINED = "node_joined", "node joined"
 
 
 class Reservation(models.Model):
@@ -837,6 +839,9 @@ class AuditEvent(models.Model):
     details = models.JSONField(default=dict, blank=True)
     router_id = models.CharField(max_length=64, blank=True)
     seq = models.BigIntegerField(null=True, blank=True)
+    node = models.CharField(
+        max_length=64, blank=True, db_index=True, help_text="the router node (several hosts)"
+    )
 
     objects: ClassVar[AuditEventQuerySet] = AuditEventQuerySet.as_manager()  # as ApiKey.objects
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.conf import settings
 
-from models_app import runtime, sources, specs
+from models_app import nodes, runtime, sources, specs
 from models_app.audit_mapper import new_router_id
 from models_app.locks import LockLost, RouterLock
 
@@ -74,14 +74,15 @@ class RouterProcess:
         from models_app.worker import RouterHost
 
         self.boot = new_router_id()
-        self.lock = RouterLock(self.boot, redis_url=settings.REDIS_URL or "")
+        node = nodes.check_name(options.get("node") or "")
+        self.lock = RouterLock(self.boot, redis_url=settings.REDIS_URL or "", node=node)
         self.on_failure = on_failure  # told (once) when the router cannot go on
         overrides = specs.Overrides(
             models_max=options["models_max"],
             server_bin=options["server_bin"],
             lease_ttl=options["lease_ttl"],
             queue_policy=options.get("queue_policy"),
-            node=options.get("node") or "",
+            node=node,
             advertise=options.get("advertise") or "127.0.0.1",
             child_keys=child_keys(options.get("child_keys") or "auto", options.get("advertise")),
         )
@@ -118,7 +119,7 @@ class RouterProcess:
                 coro.close()
             raise
         self._tasks = [
-            asyncio.ensure_future(run_worker(self.host.layer)),
+            asyncio.ensure_future(run_worker(self.host.layer, self.host.channel)),
             asyncio.ensure_future(self._keep_lock()),
             *(asyncio.ensure_future(coro) for coro in extra),
         ]

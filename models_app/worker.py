@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -26,7 +27,7 @@ from channels.consumer import AsyncConsumer
 from channels.layers import BaseChannelLayer
 from django.conf import settings
 
-from models_app import bridge, liveness, specs
+from models_app import bridge, liveness, nodes, specs
 from models_app.audit_writer import AuditWriter, new_router_id
 from models_app.messages import (
     CALL_TYPES,
@@ -65,8 +66,10 @@ from routerpanel.router.catalogue import Event
 from routerpanel.router.engine import Engine
 from routerpanel.router.errors import RouterError
 from routerpanel.router.feed import EngineEvent, Subscription
+from routerpanel.router.states import RUNNING
 
 log = logging.getLogger(__name__)
+RUNNING_NAMES = frozenset(state.value for state in RUNNING)  # the snapshot's "state" values
 
 QUEUED_AFTER = 0.5  # seconds: an acquire not answered by then is told "queued" first
 TRANSPORTS = ("socket", "channel")
@@ -138,8 +141,9 @@ class RouterHost:
         # Issue 5: the audit log and the metrics are listeners; the writer stores rows from a
         # thread and is closed (rows still waiting are written) when its task ends.
         self.audit = AuditWriter.for_engine(
-            self.engine, router_id=self.boot, on_outage_over=self._database_back
-        ).start()
+            self.engine, router_id=self.boot, on_outage_over=self._database_back,
+            node=self.overrides.node,
+        ).start()  # fmt: skip
         self.engine.add_tap(self.audit)  # journaled in the publish path (audit_journal.py)
         self.metrics = RouterMetrics()
         self.add_listener(self.metrics.observe)
@@ -154,11 +158,68 @@ class RouterHost:
         address = ""
         if self.link is not None:
             address = await self.link.start()  # "" when it cannot listen: channels only
+        if self.heartbeat and self.overrides.node:
+            await self._join()
         if self.heartbeat:
-            self._beat = liveness.Heartbeat(self.boot, on_back=self.redis_back, link=address)
+            self._beat = liveness.Heartbeat(
+                self.boot, on_back=self.redis_back, link=address, node=self.overrides.node,
+                advertise=self.overrides.advertise, status=self.node_status,
+            )  # fmt: skip
             self._spawn(self._beat.run())
+            if self.overrides.node:  # placement reads the beat: tell state changes at once
+                self.add_listener(self._poke_beat)
         _host = self
         bridge.register_local(self)
+
+    @property
+    def channel(self) -> str:
+        """The channel this router listens on: ``router``, or ``router.NODE`` (nodes.py)."""
+        return nodes.channel(self.overrides.node)
+
+    async def _join(self) -> None:
+        """A named node starts: audit that it joined (or returned, and after how long, from
+        its last beat), then watch the other nodes for losses (nodes.PeerWatch)."""
+        node = self.overrides.node
+        client = liveness.redis_client()
+        try:
+            last = await nodes.last_seen(client, node)
+        except Exception:  # Redis away: the beat will say it when Redis returns
+            last = None
+        finally:
+            await client.aclose()
+        known = [m["name"] for m in self._engine.snapshot()["models"]]
+        lost_for = None if last is None else round(max(0.0, time.time() - last), 1)
+        data = {"node": node, "change": "joined", "host": socket.gethostname(),
+                "models": known, "silent_for": None, "lost_for": lost_for}  # fmt: skip
+        self._engine.note(Event.NODE_CHANGED, data)
+        peers = nodes.PeerWatch(node, lambda lost: self._engine.note(Event.NODE_CHANGED, lost))
+        self._spawn(peers.run())
+
+    def _poke_beat(self, event: EngineEvent) -> None:
+        if event.type in (Event.MODEL_STATE, Event.QUEUE_CHANGED):
+            self._beat.poke()
+
+    def node_status(self) -> dict[str, Any]:
+        """What the heartbeat tells web processes about this node, for placement (issue 18):
+        its capacity, the memory left and each model's state and use."""
+        if self.engine is None:
+            return {}
+        snap = self.engine.snapshot()
+        keep = ("name", "state", "stopping", "last_used", "in_flight", "pinned", "queue_waiters")
+        models = [
+            {k: m.get(k) for k in keep}
+            for m in snap["models"]
+            if m["state"] != "unloaded" or m.get("queue_waiters")
+        ]
+        memory = snap.get("memory") or {}
+        return {
+            "models_max": snap["config"]["models_max"],
+            "running": sum(1 for m in snap["models"] if m["state"] in RUNNING_NAMES),
+            "memory_available": memory.get("available"),
+            "models": models,
+            "known": [m["name"] for m in snap["models"]],  # the presets this node may run
+            "aliases": {a: m["name"] for m in snap["models"] for a in m.get("aliases") or ()},
+        }
 
     async def stop(self) -> None:
         """Stop every child within its stop-timeout; let the readers drain; then stop."""
@@ -199,6 +260,8 @@ class RouterHost:
                 "time": event.time,
                 "data": event.data,
             }
+            if self.overrides.node:  # several hosts: each node counts its own seq
+                payload["node"] = self.overrides.node
             try:
                 await self.layer.group_send(bridge.EVENTS_GROUP, bridge.event(payload))
             except Exception:  # a slow or absent subscriber must never stop the router
@@ -510,8 +573,8 @@ class RouterConsumer(AsyncConsumer):  # type: ignore[misc]  # Channels has no ty
         await self.channel_layer.send(reply, out)
 
 
-async def run_worker(layer: BaseChannelLayer) -> None:
-    """Consume channel ``router`` until cancelled (DESIGN §2).
+async def run_worker(layer: BaseChannelLayer, channel: str = bridge.ROUTER_CHANNEL) -> None:
+    """Consume ``channel`` (``router``, or a node's ``router.NODE``) until cancelled (DESIGN §2).
 
     A channel-layer error (Redis restarted, a dropped connection) must not end the router and
     orphan the queue: the listener is started again after a short pause, and the engine with
@@ -520,10 +583,10 @@ async def run_worker(layer: BaseChannelLayer) -> None:
     from channels.routing import ChannelNameRouter
     from channels.worker import Worker
 
-    app = ChannelNameRouter({bridge.ROUTER_CHANNEL: RouterConsumer.as_asgi()})
+    app = ChannelNameRouter({channel: RouterConsumer.as_asgi()})
     while True:
         try:
-            await Worker(app, [bridge.ROUTER_CHANNEL], layer).arun()
+            await Worker(app, [channel], layer).arun()
         except asyncio.CancelledError:
             raise
         except Exception:

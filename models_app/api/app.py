@@ -23,6 +23,7 @@ path                           methods         handler
 /models/sse                    GET             sse.stream_events
 /metrics                       GET             routes.metrics (Prometheus; ``?model=`` → proxy)
 /usage                         GET             usage_route.usage_summary (ours, issue 17.2)
+/v1/nodes                      GET             routes.list_nodes (ours, issue 18)
 /tools, /cors-proxy            GET, POST       routes.feature_disabled (403)
 proxy.POST_PATHS, /slots/<id>  POST            proxy.proxy_post (model from the JSON body;
                                                * for /props, /lora-adapters, /slots/<id>)
@@ -107,6 +108,7 @@ def route_table() -> dict[str, dict[str, Route]]:
     add(("/tools", "/cors-proxy"), ("GET", "POST"), Route(routes.feature_disabled))
     add(("/metrics",), ("GET",), Route(routes.metrics))  # ?model= still proxies (§8.2)
     add(("/usage",), ("GET",), Route(usage_route.usage_summary))  # issue 17.2
+    add(("/v1/nodes",), ("GET",), Route(routes.list_nodes))  # issue 18
     return table
 
 

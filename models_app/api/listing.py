@@ -5,7 +5,8 @@ child's ready payload that are not already there (``meta``); then our additions,
 only, so llama.cpp clients (which ignore unknown keys) keep working (§15.32): the engine state
 (which shows ``quarantined`` and ``stuck``), ``stopping``, ``in_flight``, ``pid``, ``memory``
 (RSS bytes), ``pinned``, ``queue_position`` and ``queue_depth`` (waiters for this model) and
-``last_used``, and ``backoff`` (a crash-looping model's next start, strikes and reason).
+``last_used``, ``backoff`` (a crash-looping model's next start, strikes and reason), and
+``node`` / ``nodes`` (where it runs and where it may, with several hosts).
 """
 
 from __future__ import annotations
@@ -84,4 +85,8 @@ def extras(model: Mapping[str, Any]) -> dict[str, Any]:
         "queue_depth": model.get("queue_waiters") or 0,
         "last_used": model.get("last_used"),
         "backoff": model.get("backoff"),  # a crash loop: {until, strikes, reason} or None
+        # Several hosts (issue 18): the node it runs on (None when down or one router) and
+        # the nodes that may run it ([] with one router).
+        "node": model.get("node"),
+        "nodes": list(model.get("nodes") or ()),
     }

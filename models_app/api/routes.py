@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from models_app import metrics as router_metrics
-from models_app import runtime
+from models_app import nodes, runtime
 from models_app.api import jsonbody, listing, proxy
 from models_app.api.errors import FEATURE_DISABLED, ApiError, dumps
 from models_app.api.request import Request
@@ -67,6 +67,14 @@ async def props(api: Api, request: Request) -> None:
             "cors_proxy_enabled": False,
         }
     )
+
+
+async def list_nodes(api: Api, request: Request) -> None:
+    """Ours (issue 18): the router nodes of this installation, live and lost, as the web
+    process's directory shows them; ``[]`` with one unnamed router."""
+    now = time.time()
+    found = await nodes.known()
+    await request.respond_json({"data": [n.as_json(now) for n in found], "object": "list"})
 
 
 async def list_models(api: Api, request: Request) -> None:

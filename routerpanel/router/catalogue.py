@@ -1,12 +1,12 @@
 """Every event the router publishes, defined once: its name and the shape of its data.
 
 The engine publishes ``EngineEvent(seq, type, time, data)`` (feed.py) with ``type`` one of
-``Event`` and ``data`` the matching TypedDict below; adapters publish two facts of their own
-through ``Engine.note`` (``MESSAGE_EXPIRED``, ``SERVICE_OUTAGE``). Every reader — the audit
-mapper, the metrics, the SSE translation, the dashboard consumer and the browser's scripts —
-dispatches on these names through an explicit table, never on a string typed again: rename an
-event here and every reader that forgot it fails its tests. The browser gets the names as JSON
-(``names()``, rendered into each page).
+``Event`` and ``data`` the matching TypedDict below; adapters publish three facts of their
+own through ``Engine.note`` (``MESSAGE_EXPIRED``, ``SERVICE_OUTAGE``, ``NODE_CHANGED``). Every
+reader — the audit mapper, the metrics, the SSE translation, the dashboard consumer and the
+browser's scripts — dispatches on these names through an explicit table, never on a string
+typed again: rename an event here and every reader that forgot it fails its tests. The browser
+gets the names as JSON (``names()``, rendered into each page).
 
 Times in data are wall-clock seconds (``time.time()``). A leaf module: stdlib only.
 """
@@ -39,6 +39,7 @@ class Event(StrEnum):
     SETTINGS_CHANGED = "settings.changed"
     MESSAGE_EXPIRED = "message.expired"  # an adapter's: messages dropped, their senders gone
     SERVICE_OUTAGE = "service.outage"  # an adapter's: Redis or the database came back
+    NODE_CHANGED = "node.changed"  # an adapter's: a node of several hosts joined or was lost
 
 
 # Events that change nothing on a card or in the audit log: readers may skip them quickly.
@@ -220,3 +221,16 @@ class ServiceOutageData(TypedDict):
     service: str
     seconds: float
     effect: str
+
+
+class NodeChangedData(TypedDict):
+    """A node of several hosts (issue 18): ``joined`` (it started; ``lost_for`` set when it
+    returns after being lost) or ``lost`` (no heartbeat for ``silent_for`` seconds; told by
+    another node)."""
+
+    node: str
+    change: str  # "joined" or "lost"
+    host: str
+    models: list[str]  # lost: the models it was running; joined: the presets it may run
+    silent_for: float | None
+    lost_for: float | None

@@ -35,6 +35,8 @@ EXTRA_KEYS = [
     "queue_depth",
     "last_used",
     "backoff",
+    "node",
+    "nodes",
 ]
 META = {"vocab_type": 1, "n_vocab": 256, "n_ctx": 4096}
 

@@ -376,5 +376,5 @@ def test_a_heartbeat_with_fields_this_version_does_not_know_still_parses() -> No
 
     old = {"boot": "b", "pid": 1, "host": "h", "time": 1.0, "started": 0.5}
     assert Beat.parse(json.dumps(old)) == Beat("b", 1, "h", 1.0, 0.5, "")
-    newer = old | {"link": "unix:/s", "node": "n2"}
+    newer = old | {"link": "unix:/s", "replicas": 2}
     assert Beat.parse(json.dumps(newer)) == Beat("b", 1, "h", 1.0, 0.5, "unix:/s")

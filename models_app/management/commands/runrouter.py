@@ -12,6 +12,7 @@ stop-timeout. It exits non-zero when it cannot go on (another router took the in
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
@@ -20,7 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from models_app import bootstrap, runtime, sources
+from models_app import bootstrap, nodes, runtime, sources
 from models_app.locks import LockHeld
 from models_app.routerproc import RouterProcess
 
@@ -36,6 +37,7 @@ class Command(BaseCommand):
             "--node",
             metavar="NAME",
             default=settings.ROUTERPANEL_NODE or None,
+            type=node_name,
             help="run as node NAME of several hosts (README, Several hosts); default: the "
             "single router of this installation",
         )
@@ -123,3 +125,11 @@ class Command(BaseCommand):
             self.stdout.write("router stopping: stopping every child")
             self.stdout.flush()
             await router.stop()
+
+
+def node_name(value: str) -> str:
+    """argparse's check of ``--node``: a name that can be a channel's and a Redis key's."""
+    try:
+        return nodes.check_name(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -1,0 +1,412 @@
+"""Several hosts behind one panel (issue 18): each router is a node, known through Redis.
+
+A router started with ``runrouter --node NAME`` is the node NAME: it listens on its own channel
+(``router.NAME``), holds its own lock (one router per node name, on any host) and writes its own
+heartbeat, which carries what placement needs — the address its children listen on, its
+capacity, its memory and its models. It also adds its name to the installation's set of nodes,
+so that a node that stops beating is still known, and shown as lost, until an operator forgets
+it. The single router of a one-host installation has no name: channel ``router``, the keys of
+before, nothing in the set — a one-host installation does not change.
+
+Names only, here: the keys and channels, and the directory web processes read. Liveness of one
+router (the beat, the watch) is ``liveness.py``; the lock is ``locks.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+
+from routerpanel.router import placement
+from routerpanel.router.config import node_names_problem
+from routerpanel.router.states import DOWN
+
+log = logging.getLogger(__name__)
+DOWN_NAMES = frozenset(state.value for state in DOWN)
+
+UNNAMED_CHANNEL = "router"
+
+
+def check_name(node: str) -> str:
+    """Return ``node`` if it is a valid node name ("" = the unnamed router); else ValueError."""
+    if not node:
+        return node
+    problem = node_names_problem([node])
+    if problem is None and len(node) > 64:
+        problem = f"node name {node!r} is longer than 64 characters"
+    if problem is not None:
+        raise ValueError(problem)
+    return node
+
+
+def channel(node: str = "") -> str:
+    """The channel a node's router listens on."""
+    return f"{UNNAMED_CHANNEL}.{check_name(node)}" if node else UNNAMED_CHANNEL
+
+
+def _key(node: str, what: str) -> str:
+    prefix = settings.ROUTERPANEL_REDIS_PREFIX
+    return f"{prefix}:node:{check_name(node)}:{what}" if node else f"{prefix}:router:{what}"
+
+
+def heartbeat_key(node: str = "") -> str:
+    return _key(node, "heartbeat")
+
+
+def lock_key(node: str = "") -> str:
+    return _key(node, "lock")
+
+
+def members_key() -> str:
+    """The hash of every named node that ever beat here (until forgotten): name -> the wall
+    clock of its last beat, which outlives the beat's own key."""
+    return f"{settings.ROUTERPANEL_REDIS_PREFIX}:nodes"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node as web processes see it: its last beat, and whether that beat is fresh."""
+
+    name: str
+    live: bool
+    seen: float | None = None  # wall clock of the last beat; None: never seen (key expired)
+    boot: str = ""
+    host: str = ""
+    pid: int = 0
+    advertise: str = ""
+    status: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self, now: float | None = None) -> dict[str, Any]:
+        age = None if self.seen is None else round((now or time.time()) - self.seen, 1)
+        return {
+            "node": self.name,
+            "state": "live" if self.live else "lost",
+            "beat_age": age,
+            "boot": self.boot,
+            "host": self.host,
+            "pid": self.pid,
+            "advertise": self.advertise,
+            **{k: self.status.get(k) for k in ("models_max", "running", "memory_available")},
+            "models": self.status.get("models", []),
+        }
+
+
+def directory_from(
+    members: dict[str, float | None],
+    beats: list[Any],
+    *,
+    dead_after: float,
+    now: float | None = None,
+) -> list[Node]:
+    """The nodes from their last-beat times (``members``, by name) and their parsed beats
+    (``liveness.Beat`` or None, in the same order), by name."""
+    now = time.time() if now is None else now
+    out = []
+    for (name, last), beat in sorted(zip(members.items(), beats, strict=True)):
+        if beat is None:  # its beat key expired: lost since ``last``
+            out.append(Node(name, live=False, seen=last))
+            continue
+        live = now - beat.time < dead_after
+        out.append(Node(name, live, beat.time, beat.boot, beat.host, beat.pid, beat.advertise,
+                        dict(beat.status or {})))  # fmt: skip
+    return out
+
+
+async def directory(client: Any, *, dead_after: float | None = None) -> list[Node]:
+    """Every named node of this installation, live or lost, read from Redis by ``client``."""
+    from models_app import liveness
+
+    members = _members(await client.hgetall(members_key()))
+    if not members:
+        return []
+    raws = await client.mget([heartbeat_key(n) for n in members])
+    beats = [liveness.Beat.parse(raw) for raw in raws]
+    after = liveness.DEAD_AFTER if dead_after is None else dead_after
+    return directory_from(members, beats, dead_after=after)
+
+
+def _members(raw: dict[Any, Any]) -> dict[str, float | None]:
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    out: dict[str, float | None] = {}
+    for name, last in raw.items():
+        try:
+            out[text(name)] = float(text(last))
+        except ValueError:
+            out[text(name)] = None
+    return out
+
+
+async def forget(client: Any, node: str) -> bool:
+    """Drop a lost node from the set (an operator's decision); False if it still beats."""
+    from models_app import liveness
+
+    beat = liveness.Beat.parse(await client.get(heartbeat_key(node)))
+    if beat is not None and time.time() - beat.time < liveness.DEAD_AFTER:
+        return False
+    await client.hdel(members_key(), node)
+    return True
+
+
+async def last_seen(client: Any, node: str) -> float | None:
+    """The wall clock of ``node``'s last beat here; None if it never beat (or was forgotten)."""
+    raw = await client.hget(members_key(), node)
+    try:
+        return float(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+class PeerWatch:
+    """A node's watch of the other nodes (issue 18.4): when one it saw live stops beating, it
+    tells ``note`` once — once in the whole installation, by a claim in Redis per lost boot, so
+    that of several watching nodes only one audits the loss."""
+
+    def __init__(self, me: str, note: Callable[[dict[str, Any]], None], every: float = 1.0):
+        self.me, self.note, self.every = me, note, every
+        self.live: dict[str, Node] = {}  # the other nodes last seen live
+
+    async def run(self) -> None:
+        from models_app import liveness
+
+        client = liveness.redis_client()
+        try:
+            while True:
+                try:
+                    await self.check(client, await directory(client))
+                except Exception as exc:  # Redis away: nothing to tell, nothing to lose
+                    log.debug("peer watch: %s", exc)
+                await asyncio.sleep(self.every)
+        finally:
+            await client.aclose()
+
+    async def check(self, client: Any, found: list[Node]) -> None:
+        for node in found:
+            if node.name == self.me:
+                continue
+            if node.live:
+                self.live[node.name] = node
+                continue
+            seen = self.live.pop(node.name, None)
+            if seen is None:
+                continue
+            claim = f"{settings.ROUTERPANEL_REDIS_PREFIX}:node:{node.name}:lost:{seen.boot}"
+            if await client.set(claim, self.me, nx=True, ex=LOST_CLAIM_SECONDS):
+                running = [m["name"] for m in seen.status.get("models", ()) if m.get("name")]
+                silent = None if node.seen is None else round(time.time() - node.seen, 1)
+                self.note({"node": node.name, "change": "lost", "host": seen.host,
+                           "models": running, "silent_for": silent, "lost_for": None})  # fmt: skip
+
+
+LOST_CLAIM_SECONDS = 7 * 24 * 3600
+
+
+# ---- what web processes use: the directory, cached per event loop; placement; the snapshot ----
+
+# Seconds a web process reuses the directory it read: nodes beat every second and at once when
+# a model changes state, so a read this old misses at most the last quarter second.
+DIRECTORY_TTL = 0.25
+
+
+class NoPlace(Exception):
+    """No live node may run the model; the message names the nodes and why."""
+
+
+class _Cache:
+    def __init__(self) -> None:
+        self.read_at = -math.inf
+        self.nodes: list[Node] = []
+        self.reading: asyncio.Future[list[Node]] | None = None
+        self.client: Any = None
+
+
+_caches: dict[int, _Cache] = {}
+
+
+def _cache() -> _Cache:
+    loop = asyncio.get_running_loop()
+    cache = _caches.get(id(loop))
+    if cache is None:
+        cache = _caches[id(loop)] = _Cache()
+    return cache
+
+
+async def known() -> list[Node]:
+    """The directory (every named node, live or lost), at most ``DIRECTORY_TTL`` old; [] without
+    Redis or when no node ever beat (the unnamed router serves)."""
+    if not settings.REDIS_URL:
+        return []
+    cache = _cache()
+    if time.monotonic() - cache.read_at < DIRECTORY_TTL:
+        return cache.nodes
+    if cache.reading is None:
+        cache.reading = asyncio.ensure_future(_read(cache))
+    reading = cache.reading
+    try:
+        return await asyncio.shield(reading)
+    finally:
+        if reading.done() and cache.reading is reading:
+            cache.reading = None
+
+
+async def _read(cache: _Cache) -> list[Node]:
+    from models_app import liveness
+
+    if cache.client is None:
+        cache.client = liveness.redis_client(timeout=1.0)
+    try:
+        cache.nodes = await directory(cache.client)
+    except Exception as exc:  # Redis away: the channel layer is too; requests fail there
+        log.debug("node directory unreadable: %s", exc)
+    cache.read_at = time.monotonic()
+    return cache.nodes
+
+
+async def live_names() -> list[str]:
+    return [node.name for node in await known() if node.live]
+
+
+def place(model: str | None, directory: list[Node]) -> str:
+    """The node a request for ``model`` goes to, by placement.py's rule; ``model`` None (a call
+    about no model): the first live node. Raises ``NoPlace``."""
+    live = [node for node in directory if node.live]
+    if model is None:
+        if not live:
+            raise NoPlace(_nobody(directory))
+        return live[0].name
+    eligible = [node.name for node in directory if serves(node, model)]
+    if not eligible:
+        raise NoPlace(f"no node serves model {model!r} ({_nobody(directory)})")
+    views = [view(node) for node in directory]
+    try:
+        return placement.place(canonical(directory, model), eligible, views).node
+    except placement.NoEligibleNode as exc:
+        raise NoPlace(str(exc)) from None
+
+
+async def place_claimed(model: str | None, directory: list[Node]) -> str:
+    """``place``, and for a model no live node holds yet, a claim in Redis for a few seconds:
+    two web processes (or two requests within one directory read) that place the same cold
+    model at once send it to the same node, so it is never loaded on two by accident."""
+    node = place(model, directory)
+    if model is None or held(directory, canonical(directory, model)):
+        return node
+    key = f"{settings.ROUTERPANEL_REDIS_PREFIX}:placement:{canonical(directory, model)}"
+    cache = _cache()
+    if cache.client is None:
+        from models_app import liveness
+
+        cache.client = liveness.redis_client(timeout=1.0)
+    client = cache.client
+    try:
+        if await client.set(key, node, nx=True, px=int(CLAIM_SECONDS * 1000)):
+            return node
+        raw = await client.get(key)
+    except Exception:  # Redis away: the channel layer is too; the request fails there
+        return node
+    claimed = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+    return claimed if any(n.name == claimed and n.live for n in directory) else node
+
+
+CLAIM_SECONDS = 5.0  # longer than a beat's period: by then the claimed node's beat shows it
+
+
+def serves(node: Node, model: str) -> bool:
+    """Whether ``node`` knows ``model`` (a preset eligible there, by name or alias)."""
+    return model in node.status.get("known", ()) or model in (node.status.get("aliases") or {})
+
+
+def canonical(directory: list[Node], model: str) -> str:
+    """The preset name of ``model`` (an alias is resolved by the first node that knows it)."""
+    for node in directory:
+        name = (node.status.get("aliases") or {}).get(model)
+        if name:
+            return str(name)
+    return model
+
+
+def held(directory: list[Node], model: str) -> bool:
+    """Whether a live node runs ``model`` or queues requests for it (P1 of placement.py)."""
+    for node in directory:
+        if node.live:
+            for entry in node.status.get("models", ()):
+                if entry.get("name") == model and (
+                    entry.get("state") != "unloaded" or entry.get("queue_waiters")
+                ):
+                    return True
+    return False
+
+
+def view(node: Node) -> placement.NodeView:
+    """What placement.py needs of a node, from its beat's status (worker.node_status)."""
+    status = node.status
+    models = {
+        str(m["name"]): placement.ModelView(
+            state=str(m.get("state") or "unloaded"),
+            stopping=bool(m.get("stopping")),
+            queued=bool(m.get("queue_waiters")),
+            last_used=float(m.get("last_used") or 0.0),
+            busy=bool(m.get("in_flight")),
+            pinned=bool(m.get("pinned")),
+        )
+        for m in status.get("models", ())
+    }
+    return placement.NodeView(
+        node.name,
+        node.live,
+        int(status.get("models_max") or 0),
+        int(status.get("running") or 0),
+        status.get("memory_available"),
+        models,
+    )
+
+
+def _nobody(directory: list[Node]) -> str:
+    lost = [node.name for node in directory if not node.live]
+    return "no node is live" + (f"; lost: {', '.join(lost)}" if lost else "")
+
+
+def merge_snapshots(snaps: dict[str, Any], directory: list[Node]) -> dict[str, Any]:
+    """One snapshot of several nodes. A model known to several nodes is listed once: the entry
+    of the node it runs on (else the first node's), with ``node`` (where it runs, or None) and
+    ``nodes`` (every node that may run it). Queue entries carry their ``node``; the config is
+    the first node's; ``nodes`` lists every node, live and lost, for the header."""
+    first = next(iter(snaps.values()))
+    chosen: dict[str, dict[str, Any]] = {}
+    where: dict[str, list[str]] = {}
+    queue = []
+    for node, snap in snaps.items():
+        for model in snap.get("models", []):
+            name = model["name"]
+            where.setdefault(name, []).append(node)
+            up = model.get("state") not in DOWN_NAMES
+            if name not in chosen or (up and chosen[name]["node"] is None):
+                chosen[name] = {**model, "node": node if up else None}
+        queue += [{**entry, "node": node} for entry in snap.get("queue", [])]
+    models = [{**model, "nodes": where[name]} for name, model in chosen.items()]
+    merged = dict(first)
+    merged.update(models=models, queue=queue, seq=max(s.get("seq", 0) for s in snaps.values()))
+    merged["seqs"] = {node: snap.get("seq", 0) for node, snap in snaps.items()}  # live.js
+    merged["nodes"] = [node.as_json() for node in directory]
+    return merged
+
+
+def merge_metrics(answers: dict[str, Any]) -> dict[str, Any]:
+    """The metric families of several nodes as one set: each sample gains a ``node`` label."""
+    families: dict[str, dict[str, Any]] = {}
+    for node, answer in answers.items():
+        for family in answer.get("metrics") or ():
+            merged = families.setdefault(family["name"], {**family, "samples": []})
+            merged["samples"] += [
+                (suffix, {**labels, "node": node}, value)
+                for suffix, labels, value in family["samples"]
+            ]
+    return {"metrics": list(families.values())}

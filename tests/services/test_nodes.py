@@ -1,0 +1,218 @@
+"""Several hosts on one machine (issue 18): two ``runrouter --node`` processes and a web process.
+
+The two nodes advertise 127.0.0.2 and 127.0.0.3 (both loopback, both local): their children
+listen there and the web process proxies to them there. PostgreSQL holds the presets and the
+audit log; a ``redis-server`` of the test's own carries the channel layer, the heartbeats and
+the node directory. Simulated llama-servers are the children.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.chaos.conftest import RedisServer, redis_server_available
+from tests.tiers import missing
+from tests.serving import (
+    ROOT,
+    LiveChildSampler,
+    Server,
+    free_port,
+    run_manage,
+    sim_preset,
+    simserver_processes,
+    wait_until,
+)
+
+ADDRESSES = {"studio-1": "127.0.0.2", "studio-2": "127.0.0.3"}
+
+
+def chat(model: str, tokens: int = 3) -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": tokens}
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    if not redis_server_available():
+        missing("redis-server is not installed (Debian package redis-server)")
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class Cluster:
+    tmp_path: Path
+    env: dict[str, str]
+    routers: dict[str, Server]
+    web: Server
+    stack: ExitStack
+
+    def node_args(self, name: str, *extra: str) -> list[str]:
+        return ["runrouter", "--node", name, "--advertise", ADDRESSES[name], *extra]
+
+    def start_node(self, name: str, *extra: str) -> Server:
+        args = self.node_args(name, "--models-max", "1", *extra)
+        server = self.stack.enter_context(
+            run_manage(args, self.tmp_path / name, env=self.env, ready="router running")
+        )
+        self.routers[name] = server
+        return server
+
+    def models(self) -> dict[str, dict[str, object]]:
+        listed = httpx.get(f"{self.web.url}/v1/models", timeout=30).json()["data"]
+        return {m["id"]: m for m in listed}
+
+    def node_of(self, model: str) -> object:
+        return self.models()[model]["node"]
+
+    def children(self, node: str, marker: str) -> list[list[str]]:
+        return [p.cmdline() for p in simserver_processes(marker, self.routers[node].process.pid)]
+
+    def nodes_seen(self) -> dict[str, str]:
+        """Node name -> live or lost, as the web process's directory shows them."""
+        status = httpx.get(f"{self.web.url}/v1/nodes", timeout=30).json()["data"]
+        return {n["node"]: n["state"] for n in status}
+
+
+@contextmanager
+def cluster(
+    tmp_path: Path, pg_database: str, redis: RedisServer, presets: str, *extra: str
+) -> Iterator[Cluster]:
+    ini = tmp_path / "models.ini"
+    ini.write_text(presets)
+    env = {"DATABASE_URL": pg_database, "REDIS_URL": redis.url}
+    with ExitStack() as stack:
+        found = Cluster(tmp_path, env, {}, None, stack)  # type: ignore[arg-type]
+        # The first node imports the presets into the shared database; the second reads them.
+        found.start_node("studio-1", "--models-preset", str(ini), *extra)
+        found.start_node("studio-2", *extra)
+        found.web = stack.enter_context(
+            run_manage(["serve", "--no-router"], tmp_path / "web", env=env, port=free_port())
+        )
+        wait_until(lambda: found.nodes_seen() == dict.fromkeys(ADDRESSES, "live"), 20, "2 nodes")
+        yield found
+
+
+def test_requests_are_placed_per_node_and_each_node_keeps_its_own_models_max(
+    tmp_path: Path, pg_database: str, redis: RedisServer
+) -> None:
+    marker = f"nodes-{tmp_path.name}"
+    presets = "".join(sim_preset(name, marker, load_ms=100) for name in "abc")
+    with cluster(tmp_path, pg_database, redis, presets) as nodes:
+        samplers = {n: LiveChildSampler(marker, s.process.pid) for n, s in nodes.routers.items()}
+        with ExitStack() as sampling:
+            for sampler in samplers.values():
+                sampling.enter_context(sampler)
+            with httpx.Client(base_url=nodes.web.url, timeout=90) as client:
+                assert client.post("/v1/chat/completions", json=chat("a")).status_code == 200
+                first = nodes.node_of("a")
+                assert client.post("/v1/chat/completions", json=chat("b")).status_code == 200
+                second = nodes.node_of("b")
+                print(f"placement: a on {first}, b on {second}")
+                assert {first, second} == set(ADDRESSES)  # a free slot first: the other node
+                for _ in range(3):  # a request goes where its model is loaded
+                    assert client.post("/v1/chat/completions", json=chat("a")).status_code == 200
+                    assert nodes.node_of("a") == first
+                # Each node has one slot: c evicts the least recently used (b), on b's node.
+                assert client.post("/v1/chat/completions", json=chat("c")).status_code == 200
+                models = nodes.models()
+                assert models["c"]["node"] == second, models["c"]
+                assert models["b"]["state"] == "unloaded" and models["a"]["node"] == first
+                # Concurrent requests for all three never run two children on one node.
+                results: list[int] = []
+
+                def ask(model: str) -> None:
+                    results.append(
+                        client.post("/v1/chat/completions", json=chat(model)).status_code
+                    )
+
+                threads = [threading.Thread(target=ask, args=(m,)) for m in "abcabc"]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join(120)
+                assert results == [200] * 6
+        for name, sampler in samplers.items():
+            peak, seen = sampler.saw()
+            print(f"{name}: at most {peak} child(ren), models {sorted(seen)}")
+            assert peak == 1, f"{name} ran {peak} children with models_max 1"
+        # The children listen on their node's advertised address, and the web process reached
+        # them there.
+        for name, address in ADDRESSES.items():
+            for cmdline in nodes.children(name, marker):
+                assert cmdline[cmdline.index("--host") + 1] == address, cmdline
+
+
+def test_a_lost_node_is_seen_within_10_s_its_models_move_and_it_rejoins(
+    tmp_path: Path, pg_database: str, redis: RedisServer
+) -> None:
+    marker = f"loss-{tmp_path.name}"
+    presets = sim_preset("a", marker) + sim_preset("b", marker)
+    with (
+        cluster(tmp_path, pg_database, redis, presets) as nodes,
+        httpx.Client(base_url=nodes.web.url, timeout=60) as client,
+    ):
+        assert client.post("/v1/chat/completions", json=chat("a")).status_code == 200
+        home = str(nodes.node_of("a"))
+        other = next(n for n in ADDRESSES if n != home)
+        router = nodes.routers[home]
+        orphan = simserver_processes(marker, router.process.pid)
+        assert len(orphan) == 1
+        router.process.send_signal(signal.SIGKILL)
+        router.process.wait(10)
+        killed = time.monotonic()
+        wait_until(lambda: nodes.nodes_seen().get(home) == "lost", 15, f"{home} lost")
+        lost_after = time.monotonic() - killed
+        response = client.post("/v1/chat/completions", json=chat("a"))
+        moved_after = time.monotonic() - killed
+        print(f"{home} lost after {lost_after:.1f} s; a served on {other} after "
+                  f"{moved_after:.1f} s")  # fmt: skip
+        assert lost_after <= 10
+        assert response.status_code == 200, response.text
+        assert nodes.node_of("a") == other
+        # The node returns on its data dir: it kills its orphan and rejoins.
+        assert orphan[0].is_running()
+        back = nodes.start_node(home)
+        wait_until(lambda: nodes.nodes_seen().get(home) == "live", 15, f"{home} live")
+        wait_until(lambda: not orphan[0].is_running(), 15, "the orphan killed")
+        assert "leftover child" in back.output()
+    rows = _audit(pg_database, "node_lost", "node_joined")
+    assert [r for r in rows if r[0] == "node_lost" and r[1] == home], rows
+    assert [r for r in rows if r[0] == "node_joined" and r[1] == home], rows
+
+
+def test_one_router_per_node_name(tmp_path: Path, pg_database: str, redis: RedisServer) -> None:
+    marker = f"name-{tmp_path.name}"
+    with cluster(tmp_path, pg_database, redis, sim_preset("a", marker)) as nodes:
+        env = {**os.environ, **nodes.env, "ROUTERPANEL_DATA_DIR": str(tmp_path / "again")}
+        again = subprocess.run(
+            [sys.executable, "manage.py", *nodes.node_args("studio-1")],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert again.returncode != 0
+        assert "node studio-1" in again.stderr, again.stderr
+
+
+def _audit(database: str, *kinds: str) -> list[tuple[str, str, str]]:
+    import psycopg
+
+    with psycopg.connect(database) as db:
+        rows = db.execute(
+            "SELECT kind, node, reason FROM models_app_auditevent WHERE kind = ANY(%s) ORDER BY id",
+            (list(kinds),),
+        ).fetchall()
+    return [tuple(r) for r in rows]
