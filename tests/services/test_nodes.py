@@ -23,7 +23,6 @@ import httpx
 import pytest
 
 from tests.chaos.conftest import RedisServer, redis_server_available
-from tests.tiers import missing
 from tests.serving import (
     ROOT,
     LiveChildSampler,
@@ -34,6 +33,7 @@ from tests.serving import (
     simserver_processes,
     wait_until,
 )
+from tests.tiers import missing
 
 ADDRESSES = {"studio-1": "127.0.0.2", "studio-2": "127.0.0.3"}
 
