@@ -45,6 +45,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "router_error": router_error,
         "config": (snap or {}).get("config") or {},
         "system": (snap or {}).get("memory"),
+        "nodes": (snap or {}).get("nodes") or [],  # several hosts (issue 18)
         "feed": AuditEvent.objects.all()[:FEED_ROWS],
         "preset_ids": {name: p.pk for name, p in presets.items()},
         "now": time.time(),

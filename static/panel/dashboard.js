@@ -73,6 +73,8 @@
     setText(el, "state-text", state);
     show(el, "stopping", !!m.stopping);
     show(el, "pinned", !!m.pinned);
+    show(el, "node", !!m.node);
+    setText(el, "node-name", m.node || "");
     cardReason(el, m.name);
     renderProgress(el, m);
     const estimate = (presets[m.name] || {}).estimate;
@@ -209,6 +211,7 @@
     }
     queue = snap.queue || [];
     renderQueue();
+    renderNodes(snap.nodes || []);
     const max = config.models_max;
     const running = snap.models.filter((m) => RUNNING.has(m.state)).length;
     document.getElementById("slots").textContent =
@@ -223,6 +226,57 @@
     if (!old.note) return null;
     const upSince = !DOWN.has(row.state) && row.state_since && old.noteAt && row.state_since > old.noteAt;
     return upSince ? null : old.note;
+  }
+
+  // Several hosts (issue 18): each node's health in the header, and the cards grouped by the
+  // node their model runs on (models that run nowhere last), under a heading per node.
+  function renderNodes(nodes) {
+    const list = document.getElementById("nodes");
+    list.hidden = !nodes.length;
+    list.replaceChildren();
+    for (const n of nodes) {
+      const li = document.createElement("li");
+      li.className = `node node-${n.state}`;
+      li.dataset.node = n.node;
+      const name = document.createElement("strong");
+      name.textContent = n.node;
+      const state = document.createElement("span");
+      state.dataset.field = "node-state";
+      state.textContent = n.state === "live" ? "● live" : `✕ lost${n.beat_age ? ` ${seconds(n.beat_age)} ago` : ""}`;
+      const facts = document.createElement("small");
+      facts.className = "muted";
+      facts.dataset.field = "node-facts";
+      const max = n.models_max ? n.models_max : "∞";
+      facts.textContent = `${n.running || 0} of ${max} running` +
+        (typeof n.memory_available === "number" ? `, ${bytes(n.memory_available)} free` : "");
+      li.append(name, " ", state, " ", facts);
+      list.append(li);
+    }
+    groupCards(nodes);
+  }
+
+  function groupCards(nodes) {
+    const box = document.getElementById("cards");
+    for (const head of box.querySelectorAll(".node-head")) head.remove();
+    if (!nodes.length) return;
+    const order = new Map(nodes.map((n, i) => [n.node, i]));
+    const cards = [...box.querySelectorAll(".model-card")];
+    const where = (el) => (models.get(el.dataset.model) || {}).node || "";
+    const rank = (el) => (order.has(where(el)) ? order.get(where(el)) : nodes.length);
+    cards.sort((a, b) => rank(a) - rank(b) || a.dataset.model.localeCompare(b.dataset.model));
+    let last = null;
+    for (const el of cards) {
+      const node = where(el);
+      if (node !== last) {
+        const head = document.createElement("h3");
+        head.className = "node-head";
+        const n = nodes.find((x) => x.node === node);
+        head.textContent = node ? `${node}${n && n.state !== "live" ? " (lost)" : ""}` : "Not running";
+        box.append(head);
+        last = node;
+      }
+      box.append(el);
+    }
   }
 
   function routerDown(error) {
@@ -240,6 +294,12 @@
     [EVENTS.MODEL_STATE](d, ev) {
       const m = model(d.model);
       const down = DOWN.has(d.to);
+      if (ev.node) {
+        // Several hosts: every node knows the preset; its copy going down on one node says
+        // nothing about the model running on another.
+        if (down && m.node && m.node !== ev.node) return;
+        m.node = down ? null : ev.node;
+      }
       m.state = d.to;
       m.status = d.status;
       m.stopping = d.stopping;
@@ -387,6 +447,12 @@
         const td = tr.insertCell();
         td.textContent = String(text);
         td.dataset.label = label; // the phone layout stacks the cells under these labels
+      }
+      if (entry.node) {
+        const where = document.createElement("small");
+        where.className = "muted node-of";
+        where.textContent = ` on ${entry.node}`;
+        tr.cells[1].append(where);
       }
       renderWaiters(tr.cells[2], entry);
       const status = document.createElement("span");

@@ -3,6 +3,8 @@
 // messages for slow readers): the page applies it anyway, so it stays fast, and asks for a new
 // snapshot, which is the truth. Events that arrive while a snapshot is on its way are kept and
 // re-applied on top of it. The socket reconnects with exponential back-off (0.5 s … 30 s).
+// With several hosts each node's router counts its own seq: an event names its node, and the
+// merged snapshot gives each node's seq (`seqs`).
 (function () {
   "use strict";
 
@@ -25,7 +27,7 @@
     constructor(path, handlers) {
       this.path = path;
       this.handlers = handlers;
-      this.lastSeq = null; // seq of the last event applied; null until a snapshot arrives
+      this.seqs = null; // node -> seq of its last event applied; null until a snapshot arrives
       this.recent = [];
       this.attempt = 0;
       this.connects = 0;
@@ -51,7 +53,7 @@
       ws.onopen = () => {
         this.attempt = 0;
         this.connects += 1;
-        this.lastSeq = null;
+        this.seqs = null;
         this.recent = [];
         this.awaitingSince = Date.now(); // the server sends a snapshot unasked
         this.setStatus("live", "● live");
@@ -123,21 +125,22 @@
     onSnapshot(message) {
       this.awaitingSince = 0;
       if (!message.snapshot) {
-        this.lastSeq = null;
+        this.seqs = null;
         this.call("routerDown", message.error || "router unavailable", message.presets || {});
         return;
       }
       const snap = message.snapshot;
       this.snapshots += 1;
       this.call("snapshot", snap, message.presets || {});
-      let last = snap.seq;
+      const seqs = Object.assign({}, snap.seqs || { "": snap.seq });
       for (const event of this.recent) {
-        if (event.seq > last) {
+        const node = event.node || "";
+        if (!(node in seqs) || event.seq > seqs[node]) {
           this.call("event", event, true);
-          last = Math.max(last, event.seq);
+          seqs[node] = event.seq;
         }
       }
-      this.lastSeq = last;
+      this.seqs = seqs;
       this.stale = 0;
     }
 
@@ -145,26 +148,28 @@
       if (event.type === EVENTS.ROUTER_STARTED) this.recent = []; // a new router counts from 1
       this.recent.push(event);
       if (this.recent.length > RECENT) this.recent.splice(0, this.recent.length - RECENT);
-      if (this.lastSeq === null) {
+      if (this.seqs === null) {
         this.resync(); // no snapshot yet: the event waits in `recent` for one
         return;
       }
-      if (event.seq === this.lastSeq + 1) {
-        this.lastSeq = event.seq;
+      const node = event.node || "";
+      const last = this.seqs[node];
+      if (last === undefined || event.seq === last + 1) {
+        this.seqs[node] = event.seq; // undefined: a node that joined after the snapshot
         this.stale = 0;
         this.call("event", event, false);
         return;
       }
-      if (event.seq <= this.lastSeq) {
+      if (event.seq <= last) {
         // Old news, or a router that restarted and counts from 1 again.
         this.stale += 1;
         if (event.type === EVENTS.ROUTER_STARTED || this.stale >= 3) {
-          this.lastSeq = null;
+          this.seqs = null;
           this.resync(true);
         }
         return;
       }
-      this.lastSeq = event.seq; // a gap: show what we have now, then fetch the truth
+      this.seqs[node] = event.seq; // a gap: show what we have now, then fetch the truth
       this.call("event", event, false);
       this.resync(true);
     }

@@ -93,7 +93,7 @@ def test_the_manage_py_commands_exist_and_take_these_flags(compose: dict[str, An
         parser = load_command_class(commands[command], command).create_parser("manage.py", command)
         parser.parse_args(argv[3:])  # exits (SystemExit) on an unknown flag
         checked += 1
-    assert checked == 3  # migrate, router, web
+    assert checked == 6  # migrate, router, web; two router nodes and their web (profile nodes)
     web = _argv(compose["services"]["web"]["command"])
     assert web[2:4] == ["serve", "--no-router"]
     assert _argv(compose["services"]["router"]["command"])[2] == "runrouter"
@@ -148,3 +148,21 @@ def test_the_dockerfile_runs_the_web_side_by_default() -> None:
 
 def _argv(command: str | list[str]) -> list[str]:
     return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+def test_the_nodes_profile_runs_two_named_routers_and_a_web(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    names = []
+    for service in ("node-1", "node-2"):
+        assert services[service]["profiles"] == ["nodes"]
+        argv = _argv(services[service]["command"])
+        assert argv[2] == "runrouter"
+        names.append(argv[argv.index("--node") + 1])
+        assert argv[argv.index("--advertise") + 1] == services[service]["hostname"]
+        health = services[service]["healthcheck"]["test"]
+        assert health[health.index("--node") + 1] == names[-1]
+        data = services[service]["volumes"][0].split(":")[0]
+        assert data in compose["volumes"], service  # each node its own data dir
+    assert len(set(names)) == 2
+    web = _argv(services["web-nodes"]["command"])
+    assert web[2:4] == ["serve", "--no-router"] and services["web-nodes"]["profiles"] == ["nodes"]
