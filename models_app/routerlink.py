@@ -427,7 +427,7 @@ async def _open(address: Address) -> tuple[asyncio.StreamReader, asyncio.StreamW
     return reader, writer
 
 
-_links: dict[int, Link] = {}
+_links: dict[tuple[int, str], Link] = {}
 
 
 def enabled() -> bool:
@@ -445,7 +445,8 @@ def reachable(watch: RouterWatch) -> Address | None:
         return None
     key = (beat.link, beat.host)
     if key not in _reachable:
-        _reachable.clear()
+        if len(_reachable) >= 64:  # routers come and go over weeks: keep the last few
+            _reachable.clear()
         _reachable[key] = _usable(beat.link, beat.host)
     return _reachable[key]
 
@@ -468,9 +469,12 @@ async def connection(watch: RouterWatch) -> Connection | None:
     address = reachable(watch)
     if address is None:
         return None
-    key = id(asyncio.get_running_loop())
+    # One link per router (several nodes on this host: one each) and event loop. A router that
+    # moved (a new socket path) leaves its old link behind: it is closed here.
+    loop = asyncio.get_running_loop()
+    key = (id(loop), watch.node)
     link = _links.get(key)
-    if link is None or link.address != address or link.loop is not asyncio.get_running_loop():
+    if link is None or link.address != address or link.loop is not loop:
         if link is not None:
             link.close()
         link = _links[key] = Link(address)
