@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from typing import Any
+
 import pytest
 
 from routerpanel.router.address import ChildAddress, new_key, shown
 from routerpanel.router.config import RouterConfig
+from tests.support.engine import FakeClock, Harness, make, shut_down
 
 
 class TestAddress:
@@ -73,3 +78,58 @@ class TestConfig:
     def test_bad_values_are_refused_where_they_are_made(self, fields: dict) -> None:
         with pytest.raises(ValueError, match="child_"):
             RouterConfig(**fields)
+
+
+class TestEngine:
+    """The engine hands the child's address to the caller that holds the lease, and to no one
+    else: not the snapshot, not the events (FakeSupervisor keys a keyed spawn ``key-NAME-PID``)."""
+
+    async def test_a_lease_carries_the_childs_host_and_key_and_nothing_else_does(self) -> None:
+        engine, sup, _ = await make("a", start=False, child_host="10.9.8.7", child_keys=True)
+        sub = engine.subscribe(maxsize=10_000)
+        events: list[Any] = []
+
+        async def collect() -> None:
+            async for event in sub:
+                events.append(event)
+
+        collector = asyncio.create_task(collect())
+        await engine.start()
+        h = Harness(engine, sup, FakeClock())
+        task = h.acquire("a")
+        await h.idle()
+        sup.ready("a")
+        await h.idle()
+        lease = await task
+        key = f"key-a-{sup.children['a']}"
+        assert (lease.host, lease.key, lease.port) == ("10.9.8.7", key, sup.port("a"))
+        assert lease.address == ChildAddress("10.9.8.7", sup.port("a"), key)
+        assert key not in repr(lease)
+        snapshot = json.dumps(engine.snapshot())
+        assert key not in snapshot and "10.9.8.7" in snapshot  # args: --host 10.9.8.7
+        engine.release(lease.lease_id)
+        unloading = asyncio.create_task(engine.unload("a"))
+        await h.idle()
+        await h.exit("a")  # unloaded; the next spawn gets a new key
+        await unloading
+        again = h.acquire("a")
+        await h.idle()
+        sup.ready("a")
+        await h.idle()
+        second = await again
+        assert second.key == f"key-a-{sup.children['a']}" != key
+        await h.idle()
+        assert events and not any(key in json.dumps(e.data, default=str) for e in events)
+        collector.cancel()
+        await shut_down(h)
+
+    async def test_without_child_keys_a_lease_has_no_key(self) -> None:
+        engine, sup, _ = await make("a")
+        h = Harness(engine, sup, FakeClock())
+        task = h.acquire("a")
+        await h.idle()
+        sup.ready("a")
+        await h.idle()
+        lease = await task
+        assert (lease.host, lease.key) == ("127.0.0.1", None)
+        await shut_down(h)
