@@ -48,7 +48,8 @@ Answers (router → reply channel); each carries the router's ``boot`` id::
 
     router.queued   {request_id, position}
     router.granted  {request_id, lease_id, model, port, lease_ttl,
-                     queue_ms, load_ms, evicted, caused_load}   (the receipt, issue 17.3)
+                     queue_ms, load_ms, evicted, caused_load,   (the receipt, issue 17.3)
+                     host, key?}                                (the child's address, issue 18)
     router.rejected {request_id, status, error: {code, message, type}, retry_after}
     router.accepted {request_id}                      (a call is under way; result follows)
     router.result   {request_id, ok, status, body}    (body: the call's answer, messages.py)
@@ -102,6 +103,7 @@ from models_app.messages import (
     SuccessAnswer,
     WaitingMessage,
 )
+from routerpanel.router.address import LOOPBACK, ChildAddress
 from routerpanel.router.receipts import NO_RECEIPT, Receipt
 
 if TYPE_CHECKING:
@@ -157,9 +159,10 @@ def router_unavailable(why: str = "") -> RouterRejected:
 
 @dataclass(frozen=True)
 class Grant:
-    """A granted request: send it to ``port``; release the lease when the answer ends.
+    """A granted request: send it to ``address``; release the lease when the answer ends.
 
-    ``lease_ttl`` is ``inf`` for an in-process grant: nothing to renew.
+    ``lease_ttl`` is ``inf`` for an in-process grant: nothing to renew. ``key`` is the child's
+    per-spawn API key (issue 18), None for an unprotected child; repr leaves it out.
     """
 
     request_id: str
@@ -169,6 +172,8 @@ class Grant:
     lease_ttl: float
     boot: str = ""
     receipt: Receipt = NO_RECEIPT  # what the request waited through (issue 17.3)
+    host: str = LOOPBACK
+    key: str | None = field(default=None, repr=False)
     node: str = ""  # the node that granted it (issue 18): renew and release go there
     # The router connection it was granted over (team mode, routerlink.py): renew and release
     # go on it; when it closes the router has ended the lease already.
@@ -177,6 +182,10 @@ class Grant:
     @property
     def local(self) -> bool:
         return math.isinf(self.lease_ttl)
+
+    @property
+    def address(self) -> ChildAddress:
+        return ChildAddress(self.host, self.port, self.key)
 
 
 class LocalRouter(Protocol):
@@ -314,8 +323,9 @@ class RouterClient:
         except RouterError as exc:
             raise RouterRejected.from_error(exc) from None
         return Grant(
-            request_id, lease.lease_id, lease.model, lease.port, math.inf, host.boot, lease.receipt
-        )
+            request_id, lease.lease_id, lease.model, lease.port, math.inf, host.boot, lease.receipt,
+            lease.host, lease.key,
+        )  # fmt: skip
 
     async def _acquire_remote(
         self, model: str, actor: str, autoload: bool, request_id: str, priority: str = "normal"
@@ -671,6 +681,8 @@ class RouterClient:
                 float(answer["lease_ttl"]),
                 answer.get("boot", ""),
                 receipt_from(answer),
+                str(answer.get("host") or LOOPBACK),
+                answer.get("key") or None,
                 self.node or "",
             )
         if answer["type"] == "router.rejected":
@@ -755,8 +767,12 @@ def granted(
     ttl: float,
     boot: str = "",
     receipt: Receipt = NO_RECEIPT,
+    *,
+    host: str = LOOPBACK,
+    key: str | None = None,
 ) -> GrantedMessage:
-    return {
+    """A lease's answer; the child's key goes along only when it has one (issue 18)."""
+    message: GrantedMessage = {
         "type": "router.granted",
         "request_id": request_id,
         "lease_id": lease_id,
@@ -768,7 +784,11 @@ def granted(
         "load_ms": receipt.load * 1000,
         "evicted": list(receipt.evicted),
         "caused_load": receipt.caused_load,
+        "host": host,
     }
+    if key is not None:
+        message["key"] = key
+    return message
 
 
 def receipt_from(answer: GrantedMessage) -> Receipt:

@@ -325,7 +325,9 @@ class QueuedMessage(TypedDict):
 class GrantedMessage(TypedDict):
     """A lease, and the request's receipt (issue 17.3): milliseconds queued, the load it waited
     for (0: the model was loaded), the models evicted for that load, and whether its entry
-    caused it. The receipt's keys may be missing (a router of an earlier version)."""
+    caused it. The receipt's keys may be missing (a router of an earlier version). ``host`` is
+    where the child listens (absent: loopback) and ``key`` the child's per-spawn API key, present
+    only for a protected child (issue 18): it goes to the web side and nowhere else."""
 
     type: Literal["router.granted"]
     request_id: str
@@ -338,6 +340,8 @@ class GrantedMessage(TypedDict):
     load_ms: NotRequired[float]
     evicted: NotRequired[list[str]]
     caused_load: NotRequired[bool]
+    host: NotRequired[str]
+    key: NotRequired[str]
 
 
 class RejectedMessage(TypedDict):

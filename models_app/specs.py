@@ -52,6 +52,8 @@ def router_config(row: RouterSettings, overrides: Overrides = Overrides()) -> Ro
         default_stop_timeout=float(row.default_stop_timeout),
         lease_ttl=overrides.lease_ttl,
         queue_policy=overrides.queue_policy or row.queue_policy,  # type: ignore[arg-type]
+        child_host=overrides.advertise.strip("[]"),
+        child_keys=overrides.child_keys,
     )
 
 

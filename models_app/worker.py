@@ -428,8 +428,9 @@ class RouterHost:
                 on_grant(lease.lease_id, request_id)
             ttl = self._engine.config.lease_ttl  # not snapshot(): that builds every model's view
             answer = bridge.granted(
-                request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot, lease.receipt
-            )
+                request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot, lease.receipt,
+                host=lease.host, key=lease.key,
+            )  # fmt: skip
         finally:
             self._acquires.pop(request_id, None)
         await answer_with(answer)
@@ -449,8 +450,9 @@ class RouterHost:
         elif lease is not None:
             ttl = self._engine.config.lease_ttl
             answer = bridge.granted(
-                request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot, lease.receipt
-            )
+                request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot, lease.receipt,
+                host=lease.host, key=lease.key,
+            )  # fmt: skip
         else:
             text = "the router does not know this request (it restarted, or the request was lost)"
             error = bridge.error_body(503, text, "unavailable_error")

@@ -1,11 +1,12 @@
 """The proxy (ROUTER_SPEC §8): find the model, lease it from the router, stream to its child.
 
 Per request: read the body (the model is inside it, §8.4), validate (§8.6), ``acquire`` a lease
-(the router queues, loads and evicts; rule A1-A10), forward to ``127.0.0.1:<port>`` through the
-child's keep-alive pool, relay status, headers and body chunks as they arrive, and release the
-lease when the response ends, fails or the client leaves. A client that leaves while queued
-cancels the ``acquire``, which takes its place out of the queue (A7); one that leaves while
-streaming closes the child connection, which makes llama-server stop generating (§8.15).
+(the router queues, loads and evicts; rule A1-A10), forward to the child's address (host, port
+and, for a protected child, its key: issue 18) through its keep-alive pool, relay status,
+headers and body chunks as they arrive, and release the lease when the response ends, fails or
+the client leaves. A client that leaves while queued cancels the ``acquire``, which takes its
+place out of the queue (A7); one that leaves while streaming closes the child connection, which
+makes llama-server stop generating (§8.15).
 
 Every chunk that goes out is progress for the router's hang watchdog (``LeaseKeeper.progress``).
 When the child's answer breaks off, the router is asked why: if it killed the child as hung,
@@ -15,7 +16,9 @@ end of a stream that had started — instead of a bare cut.
 Deviation from llama.cpp, on purpose: a child that cannot be reached answers 500 with the same
 ``proxy error: <text>`` message, but in the JSON error shape instead of plain text labelled as
 JSON (§8.14, a §15.13 gap). The query string is forwarded as received rather than re-encoded in
-key order (§8.10): the child reads the same parameters either way.
+key order (§8.10): the child reads the same parameters either way. The client's
+``Authorization`` and ``X-Api-Key`` are not forwarded (llama.cpp forwards them, §9.1): they are
+RouterPanel keys, and a protected child gets its own key from the pool instead.
 
 Receipts and usage (issue 17.2, 17.3): every answer from a child carries
 ``X-RouterPanel-Queue-Ms`` (waiting for the model: queue and load), ``X-RouterPanel-Load-Ms``
@@ -74,12 +77,13 @@ POST_PREFIXES = ("/slots/",)  # POST /slots/:id_slot
 GET_PATHS = ("/metrics", "/lora-adapters", "/slots")
 
 # §8.11 drops these request headers, plus the hop-by-hop ones (RFC 9110 §7.6.1); we set our own
-# X-Request-Id. Host and Content-Length are set by the HTTP client.
+# X-Request-Id. Host and Content-Length are set by the HTTP client. The client's keys are ours,
+# never the child's (issue 18): the child gets its own key, if it has one, from its pool.
 _DROP_REQUEST = frozenset(
     {
         b"host", b"content-length", b"transfer-encoding", b"accept-encoding", b"connection",
         b"keep-alive", b"proxy-connection", b"proxy-authorization", b"te", b"trailer",
-        b"upgrade", b"expect", b"x-request-id",
+        b"upgrade", b"expect", b"x-request-id", b"authorization", b"x-api-key",
     }
 )  # fmt: skip
 # §8.13 drops these child response headers (and Access-Control-*), plus the hop-by-hop ones.
@@ -211,7 +215,7 @@ class Meter:
 async def relay(
     api: Api, request: Request, grant: Grant, lease: LeaseKeeper, body: bytes, meter: Meter
 ) -> None:
-    pool = api.upstreams.checkout(grant.model, grant.port)
+    pool = api.upstreams.checkout(grant.model, grant.address)
     try:
         try:
             response = await pool.send(

@@ -1,13 +1,16 @@
-"""Keep-alive connections to the children, one pool per port, and the retry-once rule (§8.C).
+"""Keep-alive connections to the children, one pool per child, and the retry-once rule (§8.C).
 
-A pool is an ``aiohttp.ClientSession`` on its own ``TCPConnector``, made the first time a port
-is granted and retired when its model shows up on another port (the child was restarted); a
-retired pool closes once its last request ends. aiohttp's client, measured against httpx's
-transport, httpcore and a minimal relay on one real llama-server (bench/upstream_clients.py),
-costs about a quarter of httpx's time per request and gets most of what a hand-written client
-would. The session adds nothing the client did not send but ``Host`` and the body's
-``Content-Length`` (no ``Accept``, ``User-Agent`` or ``Content-Type`` of its own), decompresses
-nothing, and follows no redirects.
+A pool is an ``aiohttp.ClientSession`` on its own ``TCPConnector``, made the first time a child's
+address (host, port and key: ``ChildAddress``) is granted and retired when its model shows up at
+another address (the child was restarted, and a protected one got a new key); a retired pool
+closes once its last request ends. A protected child's key goes with every request on its pool
+(issue 18); the client's own keys never do (the proxy drops them).
+
+aiohttp's client, measured against httpx's transport, httpcore and a minimal relay on one real
+llama-server (bench/upstream_clients.py), costs about a quarter of httpx's time per request and
+gets most of what a hand-written client would. The session adds nothing the client did not send
+but ``Host`` and the body's ``Content-Length`` (no ``Accept``, ``User-Agent`` or
+``Content-Type`` of its own), decompresses nothing, and follows no redirects.
 
 llama-server (cpp-httplib) closes a keep-alive connection after a stream, after 100 requests, or
 when idle for 5 s, without saying so. A pooled connection found closed before reuse is dropped,
@@ -32,6 +35,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from models_app.api.config import ApiConfig
+from routerpanel.router.address import ChildAddress
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +117,13 @@ class Answer:
 
 
 class ChildPool:
-    """Connections to one child port: a keep-alive pool, and fresh connections for retries."""
+    """Connections to one child: a keep-alive pool, and fresh connections for retries."""
 
-    def __init__(self, port: int, config: ApiConfig) -> None:
-        self.port = port
-        self.base = f"http://127.0.0.1:{port}"
+    def __init__(self, address: ChildAddress, config: ApiConfig) -> None:
+        self.address = address
+        self.port = address.port
+        self.base = address.url
+        self._auth = tuple(address.headers().items())
         self._config = config
         self._timeout = aiohttp.ClientTimeout(
             total=None,
@@ -144,7 +150,7 @@ class ChildPool:
             timeout=self._timeout,
             auto_decompress=False,
             skip_auto_headers=_SKIP_AUTO,
-            trust_env=False,  # never through an HTTP(S)_PROXY: children are on loopback
+            trust_env=False,  # never through an HTTP(S)_PROXY: children are ours to reach
             trace_configs=[trace],
             raise_for_status=False,
         )
@@ -156,6 +162,8 @@ class ChildPool:
         """
         fields = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers)
         fields.add(*_IDENTITY)
+        for name, value in self._auth:  # the child's key, in place of anything sent as one
+            fields[name] = value
         seen = SimpleNamespace(new=False)
         try:
             return await self._send(self.session, method, target, fields, body, seen)
@@ -208,24 +216,24 @@ async def _new_connection(
 
 
 class Upstreams:
-    """The pools of this web process, by child port (see module doc)."""
+    """The pools of this web process, by child address (see module doc)."""
 
     def __init__(self, config: ApiConfig) -> None:
         self._config = config
-        self._pools: dict[int, ChildPool] = {}
-        self._port_of: dict[str, int] = {}
+        self._pools: dict[ChildAddress, ChildPool] = {}
+        self._address_of: dict[str, ChildAddress] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
-    def checkout(self, model: str, port: int) -> ChildPool:
-        """Return the pool for ``port``, counting one more request on it."""
-        previous = self._port_of.get(model)
-        if previous != port:
-            self._port_of[model] = port
-            if previous is not None and previous not in self._port_of.values():
+    def checkout(self, model: str, address: ChildAddress) -> ChildPool:
+        """Return the pool for ``address``, counting one more request on it."""
+        previous = self._address_of.get(model)
+        if previous != address:
+            self._address_of[model] = address
+            if previous is not None and previous not in self._address_of.values():
                 self._retire(previous)
-        pool = self._pools.get(port)
+        pool = self._pools.get(address)
         if pool is None:
-            pool = self._pools[port] = ChildPool(port, self._config)
+            pool = self._pools[address] = ChildPool(address, self._config)
         pool.active += 1
         return pool
 
@@ -234,8 +242,8 @@ class Upstreams:
         if pool.retired and pool.active == 0:
             self._close(pool)
 
-    def _retire(self, port: int) -> None:
-        pool = self._pools.pop(port, None)
+    def _retire(self, address: ChildAddress) -> None:
+        pool = self._pools.pop(address, None)
         if pool is None:
             return
         pool.retired = True
@@ -247,8 +255,8 @@ class Upstreams:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    def pool(self, port: int) -> ChildPool | None:
-        return self._pools.get(port)
+    def pool(self, address: ChildAddress) -> ChildPool | None:
+        return self._pools.get(address)
 
     async def aclose(self) -> None:
         pools, self._pools = list(self._pools.values()), {}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from routerpanel.router import commands, payloads, probe, supervisor, watchdog
+from routerpanel.router.address import ChildAddress
 from routerpanel.router.callers import Callers
 from routerpanel.router.catalogue import Event
 from routerpanel.router.config import PresetSpec, RouterConfig, preset_map
@@ -29,7 +30,7 @@ from routerpanel.router.timer import Timer
 
 log = logging.getLogger(__name__)
 Post = Callable[[supervisor.SupervisorEvent], None]
-Prober = Callable[[int, float], Awaitable[watchdog.Reading | None]]
+Prober = Callable[[ChildAddress, float], Awaitable[watchdog.Reading | None]]
 
 
 class EngineBase:

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from routerpanel.router.address import ChildAddress
 from routerpanel.router.commands import Acquire
 from routerpanel.router.decisions import Grant, RequestKind
 from routerpanel.router.errors import Lease, RouterError
@@ -81,7 +82,7 @@ class Callers:
         self._waiters[command.request_id] = command
         self.receipts.arrived(command.request_id, now)
 
-    def grant(self, grant: Grant, port: int, expires_at: float, now: float) -> bool:
+    def grant(self, grant: Grant, address: ChildAddress, expires_at: float, now: float) -> bool:
         """Answer the waiter; False when a proxy grant found nobody to take it (release it).
 
         ``expires_at`` is ``math.inf`` for a caller in this process, which never renews.
@@ -96,9 +97,11 @@ class Callers:
         if waiter.future.done():  # cancelled between its arrival and this grant (A7)
             return False
         lease_id = f"{self._lease_prefix}-{next(self._lease_numbers)}"
+        port = address.port
         lease = Lease(
-            lease_id, grant.request_id, grant.model, port, expires_at, waiter.actor, receipt
-        )
+            lease_id, grant.request_id, grant.model, port, expires_at, waiter.actor, receipt,
+            address.host, address.key,
+        )  # fmt: skip
         self._leases[lease.lease_id] = _LeaseRecord(lease, expires_at)
         self._by_request[lease.request_id] = lease.lease_id
         if expires_at != math.inf:

@@ -153,6 +153,8 @@ class RouterConfig:
     ``max_wait`` bounds how long a waiter may wait (A8). ``quarantine_after`` consecutive failed
     loads quarantine a model; 0 never does. ``default_stop_timeout`` is what adapters put into a
     ``PresetSpec`` whose preset sets none; ``lease_ttl`` is for the engine's leases (DESIGN §5).
+    ``child_host`` is the address children listen on (and callers reach them at); with
+    ``child_keys`` each child gets a random per-spawn API key (issue 18).
     """
 
     models_max: int = 4
@@ -165,9 +167,15 @@ class RouterConfig:
     default_stop_timeout: float = 10.0
     lease_ttl: float = 30.0
     queue_policy: QueuePolicy = QueuePolicy.FIFO
+    child_host: str = "127.0.0.1"
+    child_keys: bool = False
 
     def __post_init__(self) -> None:
         owner = "router settings"
+        if not isinstance(self.child_host, str) or not self.child_host.strip("[] "):
+            raise ValueError(f"{owner}: child_host must be an address, got {self.child_host!r}")
+        if not isinstance(self.child_keys, bool):
+            raise ValueError(f"{owner}: child_keys must be true or false, got {self.child_keys!r}")
         try:
             object.__setattr__(self, "queue_policy", QueuePolicy(self.queue_policy))
         except ValueError:

@@ -106,11 +106,11 @@ class Effects(EngineBase):
 
     def _act(self, decision: decisions.Decision) -> list[decisions.Decision]:
         if isinstance(decision, decisions.Grant):
-            port = self._facts.child(decision.model).port or 0
+            address = self._facts.child(decision.model).address
             now = self._clock()
             renewable = self._callers.renewable(decision.request_id)
             expires = now + self._config.lease_ttl if renewable else math.inf
-            if not self._callers.grant(decision, port, expires, now):  # its caller left (A7)
+            if not self._callers.grant(decision, address, expires, now):  # its caller left (A7)
                 return self._scheduler.request_finished(decision.request_id, now=now)
         elif isinstance(decision, decisions.Reject):
             self._callers.reject(decision.request_id, RouterError.from_reject(decision))
@@ -147,6 +147,7 @@ class Effects(EngineBase):
             await self._supervisor.spawn(
                 spec.name, spec.argv, dict(spec.env),
                 child_protocol=spec.speaks_child_protocol, load_timeout=spec.load_timeout,
+                host=self._config.child_host, keyed=self._config.child_keys,
             )  # fmt: skip
         except Exception as exc:  # no process, but the slot must be freed all the same
             error = str(exc) if isinstance(exc, supervisor.SpawnError) else f"spawn failed: {exc}"

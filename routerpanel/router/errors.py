@@ -5,9 +5,10 @@ Both cross from the engine to its callers (the HTTP side) unchanged. A leaf modu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from routerpanel.router.address import LOOPBACK, ChildAddress
 from routerpanel.router.decisions import Reject
 from routerpanel.router.receipts import NO_RECEIPT, Receipt
 
@@ -57,7 +58,8 @@ def unavailable(message: str) -> RouterError:
 
 @dataclass(frozen=True)
 class Lease:
-    """A granted request: send it to ``port``; it counts as in flight until released."""
+    """A granted request: send it to ``address`` (``host``, ``port`` and the child's ``key``, if
+    it has one, issue 18); it counts as in flight until released. The key is left out of repr."""
 
     lease_id: str
     request_id: str
@@ -66,3 +68,9 @@ class Lease:
     expires_at: float  # engine clock time; renew() pushes it, the caller's copy is not updated
     actor: str = ""  # who asked (the audit's actor if the lease expires)
     receipt: Receipt = NO_RECEIPT  # what it waited through (issue 17.3)
+    host: str = LOOPBACK
+    key: str | None = field(default=None, repr=False)
+
+    @property
+    def address(self) -> ChildAddress:
+        return ChildAddress(self.host, self.port, self.key)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from routerpanel.router.address import LOOPBACK, ChildAddress, shown
 from routerpanel.router.catalogue import ModelExitedData
 from routerpanel.router.config import PresetSpec, RouterConfig
 from routerpanel.router.decisions import ModelView, QueueEntryView
@@ -39,6 +40,12 @@ class ChildFacts:
     last_exit: ModelExitedData | None = None
     load_seconds: float | None = None  # how long its last load took: a queued entry's ETA
     spawned_for: str = ""  # the actor whose request spawned the current child
+    host: str = LOOPBACK  # where the current child listens
+    key: str | None = field(default=None, repr=False)  # its API key (issue 18): never shown
+
+    @property
+    def address(self) -> ChildAddress:
+        return ChildAddress(self.host, self.port or 0, self.key)
 
 
 class Facts:
@@ -57,10 +64,12 @@ class Facts:
     def spawning(self, name: str, argv: tuple[str, ...]) -> None:
         child = self.child(name)
         child.argv, child.pid, child.port, child.info, child.progress = argv, None, None, {}, None
+        child.key = None
 
     def started(self, ev: ChildStarted) -> None:
         child = self.child(ev.name)
         child.pid, child.port = ev.pid, ev.port  # again after a bind-failure retry (S2)
+        child.host, child.key = ev.host, ev.key  # a new key with every spawn
         child.last_port = ev.port
 
     def ready(self, ev: ChildReady) -> None:
@@ -72,7 +81,7 @@ class Facts:
         """Record the exit; return the ``model.exited`` data."""
         data = exit_data(ev, state, before)
         child = self.child(ev.name)
-        child.pid = child.port = child.loaded_at = None
+        child.pid = child.port = child.loaded_at = child.key = None
         child.exit_code, child.last_exit = ev.exit_code, data
         return data
 
@@ -108,11 +117,12 @@ class Facts:
         }
 
 
-def child_args(argv: Iterable[str], port: int) -> list[str]:
-    """The argv as spawned: the supervisor adds the loopback host and the port (S2); a model
-    never spawned shows ``--port 0``, as llama.cpp does (ROUTER_SPEC 4.3)."""
-    argv = list(argv)
-    return [*argv, "--host", "127.0.0.1", "--port", str(port)] if argv else []
+def child_args(argv: Iterable[str], port: int, host: str = LOOPBACK) -> list[str]:
+    """The argv as spawned: the supervisor adds the host and the port (S2); a model never
+    spawned shows ``--port 0``, as llama.cpp does (ROUTER_SPEC 4.3). A keyed child's key file
+    is left out, and any key is masked."""
+    argv = shown(argv)
+    return [*argv, "--host", host, "--port", str(port)] if argv else []
 
 
 def model_data(
@@ -153,7 +163,7 @@ def model_data(
         "exit_code": child.exit_code,
         "last_exit": child.last_exit,
         "args": child_args(
-            child.argv or (spec.argv if spec else ()), child.port or child.last_port
+            child.argv or (spec.argv if spec else ()), child.port or child.last_port, child.host
         ),
         "info": child.info,
         "progress": child.progress,

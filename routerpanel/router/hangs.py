@@ -31,7 +31,8 @@ class HangWatch(Effects):
         return out
 
     def _start_probe(self, name: str) -> None:
-        port = self._facts.child(name).port
+        child = self._facts.child(name)
+        port, address = child.port, child.address
         spec = self._specs.get(name)
         if port is None or spec is None or not spec.hang_timeout:
             return
@@ -39,7 +40,7 @@ class HangWatch(Effects):
 
         async def run() -> None:
             started = self._clock()
-            reading = await self._prober(port, timeout)
+            reading = await self._prober(address, timeout)  # /slots wants the key
             self._post(commands.ProbeDone(name, port, reading, self._clock() - started))
 
         task = asyncio.create_task(run(), name=f"probe {name}")

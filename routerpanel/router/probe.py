@@ -12,19 +12,20 @@ import asyncio
 import contextlib
 import json
 
+from routerpanel.router.address import ChildAddress
 from routerpanel.router.watchdog import Reading, slots_counters
 
 MAX_BODY = 4 << 20  # a /slots answer of many slots with their prompts is still far below this
 
 
-async def read_slots(port: int, timeout: float, host: str = "127.0.0.1") -> Reading | None:
+async def read_slots(address: ChildAddress, timeout: float) -> Reading | None:
     """Return the child's progress counters (or only its /health status), or None if it did
-    not answer within ``timeout`` seconds."""
+    not answer within ``timeout`` seconds. A keyed child's key goes along (/slots wants it)."""
     try:
         async with asyncio.timeout(timeout):
-            status, body = await http_get(host, port, "/slots")
+            status, body = await http_get(address, "/slots")
             if status == 501:  # started with --no-slots: /health is all there is
-                status, _ = await http_get(host, port, "/health")
+                status, _ = await http_get(address, "/health")
                 return Reading(None, status)
     except (OSError, TimeoutError, ValueError):
         return None
@@ -35,12 +36,11 @@ async def read_slots(port: int, timeout: float, host: str = "127.0.0.1") -> Read
     return Reading(counters, status)
 
 
-async def http_get(host: str, port: int, path: str) -> tuple[int, bytes]:
+async def http_get(address: ChildAddress, path: str) -> tuple[int, bytes]:
     """Send one GET and read the whole answer; raise OSError/ValueError on a broken one."""
-    reader, writer = await asyncio.open_connection(host, port)
+    reader, writer = await asyncio.open_connection(address.host, address.port)
     try:
-        request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-        writer.write(request.encode())
+        writer.write(address.get(path))
         raw = await reader.read(MAX_BODY)
         while chunk := await reader.read(MAX_BODY):
             raw += chunk

@@ -76,7 +76,7 @@ class TestRequiredKeys:
             assert (await client.get(path)).status == 200
         assert (await client.request("OPTIONS", "/v1/models")).status == 200
 
-    async def test_the_key_travels_to_the_child_and_the_actor_to_the_router(
+    async def test_the_key_is_taken_and_the_actor_goes_to_the_router(
         self, client: AsgiClient, router: FakeRouter, required: dict, sim_model: str
     ) -> None:
         response = await client.post(

@@ -246,7 +246,7 @@ class TestForwarding:
             "/v1/completions?model=q&b=2",
             body,
         )
-        assert seen.headers["authorization"] == "Bearer sk-client"  # §8.11: forwarded unchanged
+        assert "authorization" not in seen.headers  # a RouterPanel key, never the child's (#18)
         assert seen.headers["x-conversation"] == "abc"
         assert seen.headers["x-request-id"] == "rid-7"
         assert seen.headers["host"] == f"127.0.0.1:{upstream.port}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from models_app.api import Api
+from routerpanel.router.address import LOOPBACK, ChildAddress
 from tests.app.conftest import AsgiClient, ScriptedUpstream
 from tests.support.fake_router import FakeRouter, Grant
 
@@ -25,7 +26,7 @@ class TestRetryOnce:
         seen = [(r.connection, r.index) for r in upstream.received]
         assert seen == [(1, 1), (1, 2), (2, 1)]
         assert upstream.received[1].body == upstream.received[2].body
-        pool = api.upstreams.pool(upstream.port)
+        pool = api.upstreams.pool(ChildAddress(LOOPBACK, upstream.port))
         assert pool is not None and pool.retries == 1
 
     async def test_a_failure_on_a_new_connection_is_not_retried(
@@ -65,11 +66,11 @@ class TestPools:
         try:
             router.add("m", Grant(first.port), status="loaded")
             assert (await tokenize(client, "a"))[0] == 200
-            assert api.upstreams.pool(first.port) is not None
+            assert api.upstreams.pool(ChildAddress(LOOPBACK, first.port)) is not None
             router.behaviour["m"] = Grant(second.port)  # the child was restarted elsewhere
             assert (await tokenize(client, "b"))[0] == 200
-            assert api.upstreams.pool(first.port) is None
-            assert api.upstreams.pool(second.port) is not None
+            assert api.upstreams.pool(ChildAddress(LOOPBACK, first.port)) is None
+            assert api.upstreams.pool(ChildAddress(LOOPBACK, second.port)) is not None
         finally:
             await first.stop()
             await second.stop()

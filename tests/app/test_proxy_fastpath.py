@@ -15,6 +15,7 @@ import pytest
 
 from models_app.api import Api, ApiConfig
 from models_app.api.upstream import ChildPool
+from routerpanel.router.address import LOOPBACK, ChildAddress
 from tests.app.conftest import DEADLINE, AsgiClient, ScriptedUpstream
 from tests.support.fake_router import FakeRouter, Grant
 
@@ -243,13 +244,13 @@ class TestConnections:
             assert (await tokenize(client)).status == 200
             await asyncio.sleep(0.1)  # the EOF arrives while the connection is idle
             assert (await tokenize(client)).status == 200
-            pool = api.upstreams.pool(child.port)
+            pool = api.upstreams.pool(ChildAddress(LOOPBACK, child.port))
         assert child.connections == 2
         assert pool is not None and pool.retries == 0
 
     async def test_a_connection_idle_past_keepalive_expiry_is_not_reused(self) -> None:
         async with RawUpstream(answering(OK, OK)) as child:
-            pool = ChildPool(child.port, ApiConfig(keepalive_expiry=0.1))
+            pool = ChildPool(ChildAddress(LOOPBACK, child.port), ApiConfig(keepalive_expiry=0.1))
             for pause in (0.0, 0.3):
                 await asyncio.sleep(pause)
                 response = await pool.send("POST", "/tokenize", [], b"{}")
@@ -268,7 +269,7 @@ class TestConnections:
             ended.set()
 
         async with RawUpstream(handler) as child:
-            pool = ChildPool(child.port, ApiConfig())
+            pool = ChildPool(ChildAddress(LOOPBACK, child.port), ApiConfig())
             response = await pool.send("POST", "/completion", [], b"{}")
             assert await anext(response.chunks()) == b"part"
             await response.aclose()

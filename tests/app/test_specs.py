@@ -81,6 +81,15 @@ def test_overrides_win_over_stored_settings() -> None:
     assert spec[0].argv[0] == "/opt/ls"
 
 
+def test_the_advertised_address_and_child_keys_reach_the_engine() -> None:
+    row = RouterSettings.load()
+    plain = specs.router_config(row)
+    assert (plain.child_host, plain.child_keys) == ("127.0.0.1", False)
+    keyed = specs.router_config(row, specs.Overrides(advertise="10.0.0.5", child_keys=True))
+    assert (keyed.child_host, keyed.child_keys) == ("10.0.0.5", True)
+    assert specs.router_config(row, specs.Overrides(advertise="[fd00::5]")).child_host == "fd00::5"
+
+
 def test_an_unknown_program_is_polled_on_health() -> None:
     assert specs.speaks_child_protocol(("/usr/bin/vllm-serve",)) is False
     assert specs.speaks_child_protocol(("/opt/llama.cpp/build/bin/llama-server",)) is True

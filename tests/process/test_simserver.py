@@ -209,6 +209,8 @@ class TestCommandLine:
             parse_args(["--port", "eighty"])
         with pytest.raises(UsageError):
             parse_args(["--sleep-idle-seconds", "0"])
+        with pytest.raises(UsageError, match="failed to open file"):
+            parse_args(["--api-key-file", "/nowhere/keys"])
 
     def test_it_defaults_like_llama_server(self) -> None:
         assert parse_args([], environ={}) == SimOptions()
@@ -291,6 +293,27 @@ class TestChildProtocol:
         assert ready["payload"]["tags"] == ["demo"]
         with sim.client() as client:
             assert client.get("/health").status_code == 200
+
+    def test_it_reads_its_keys_from_a_key_file_as_llama_server_does(
+        self, start_sim: StartSim, tmp_path: Path
+    ) -> None:
+        keys = tmp_path / "keys"
+        keys.write_text("# comment\n\nfile-key-1\nfile-key-2\n")
+        sim = start_sim("--api-key-file", str(keys))
+        sim.wait_ready()
+        with sim.client() as client:
+            refused = client.post("/tokenize", json={"content": "x"})
+            assert refused.status_code == 401
+            assert refused.json()["error"] == {
+                "message": "Invalid API Key",
+                "type": "authentication_error",
+                "code": 401,
+            }
+            for key in ("file-key-1", "file-key-2"):
+                bearer = {"Authorization": f"Bearer {key}"}
+                assert client.post("/tokenize", json={"content": "x"}, headers=bearer).is_success
+            comment = {"Authorization": "Bearer # comment"}
+            assert client.get("/slots", headers=comment).status_code == 401
 
     def test_it_writes_only_protocol_lines_to_stdout_and_logs_to_stderr(
         self, start_sim: StartSim

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from routerpanel.router.address import LOOPBACK, ChildAddress
 from routerpanel.router.probe import read_slots
 from routerpanel.router.supervisor import ChildReady, LogLine, Supervisor
 from routerpanel.router.supervisor.flood import BURST, RATE
@@ -66,7 +67,7 @@ async def test_the_simulated_slots_show_prompt_progress_then_decoding(
         readings = []
         for _ in range(8):
             await asyncio.sleep(0.3)
-            readings.append(await read_slots(ready.port, 5.0))
+            readings.append(await read_slots(ChildAddress(LOOPBACK, ready.port), 5.0))
         assert (await request).status_code == 200
     counters = [r.counters for r in readings if r is not None and r.counters]
     assert len(counters) >= 5

@@ -59,6 +59,8 @@ class FakeSupervisor(Supervisor):
         *,
         child_protocol: bool,
         load_timeout: float | None,
+        host: str = "127.0.0.1",
+        keyed: bool = False,
     ) -> int:
         self.calls.append(("spawn", name))
         if self.hold is not None:
@@ -67,7 +69,8 @@ class FakeSupervisor(Supervisor):
             raise SpawnError("failed to spawn server instance: no such file")
         self.next_pid += 1
         self.children[name] = self.next_pid
-        self.post(ChildStarted(name, self.next_pid, self.port(name), 1))
+        key = f"key-{name}-{self.next_pid}" if keyed else None  # new with every spawn
+        self.post(ChildStarted(name, self.next_pid, self.port(name), 1, host, key))
         return self.next_pid
 
     def stop(self, name: str, stop_timeout: float) -> bool:

@@ -26,10 +26,12 @@ LEASE_TTL = 30.0
 
 @dataclass
 class Grant:
-    """Answer at once with a lease on ``port`` (rule A1), with ``receipt`` (issue 17.3)."""
+    """Answer at once with a lease on ``port`` (rule A1), with ``receipt`` (issue 17.3); a
+    protected child's ``key`` goes along (issue 18)."""
 
     port: int
     receipt: Receipt = NO_RECEIPT
+    key: str | None = None
 
 
 @dataclass
@@ -214,17 +216,17 @@ class FakeRouter:
             return
         assert model is not None
         port = model.port or 1
-        receipt = NO_RECEIPT
+        receipt, key = NO_RECEIPT, None
         if isinstance(behaviour, QueueThenGrant):
             await self._reply(message, bridge.queued(request_id, behaviour.position))
             await behaviour.release.wait()
             port = behaviour.port
         elif isinstance(behaviour, Grant):
-            port, receipt = behaviour.port, behaviour.receipt
+            port, receipt, key = behaviour.port, behaviour.receipt, behaviour.key
         lease_id = f"lease-{next(self._ids)}"
         self.leases[lease_id] = model.name
         granted = bridge.granted(
-            request_id, lease_id, model.name, port, self.lease_ttl, receipt=receipt
+            request_id, lease_id, model.name, port, self.lease_ttl, receipt=receipt, key=key
         )
         await self._reply(message, granted)
 

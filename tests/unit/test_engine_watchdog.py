@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from routerpanel.router.address import ChildAddress
 from routerpanel.router.catalogue import Event
 from routerpanel.router.engine import Engine, EngineEvent
 from routerpanel.router.watchdog import Busy, Reading, Verdict, Watchdog, probe_gap, slots_counters
@@ -26,8 +27,8 @@ class ScriptedProbe:
         self.readings: list[Reading | None] = []
         self.calls: list[tuple[int, float]] = []
 
-    async def __call__(self, port: int, timeout: float) -> Reading | None:
-        self.calls.append((port, timeout))
+    async def __call__(self, address: ChildAddress, timeout: float) -> Reading | None:
+        self.calls.append((address.port, timeout))
         return self.readings.pop(0) if self.readings else Reading(((0, 1, 5),))
 
 

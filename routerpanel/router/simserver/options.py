@@ -79,6 +79,17 @@ def _int_at_least(low: int) -> Callable[[str], int]:
     return convert
 
 
+def _key_file(path: str) -> tuple[str, ...]:
+    """llama-server's --api-key-file: one key a line, read at parse time; empty lines and lines
+    starting with ``#`` are skipped (ROUTER_SPEC 9.1)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            lines = [line.rstrip("\r\n") for line in file]
+    except OSError:
+        raise ValueError(f"error: failed to open file '{path}'") from None
+    return tuple(line for line in lines if line and not line.startswith("#"))
+
+
 def _idle_seconds(text: str) -> int:
     value = int(text)
     if value == 0 or value < -1:
@@ -129,6 +140,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         ("--api-key",), "api_keys", "API keys, comma-separated (else LLAMA_API_KEY)", str, many=True
     ),
+    Flag(("--api-key-file",), "api_keys", "a file of API keys, one a line", _key_file, many=True),
     Flag(("--sim-load-ms",), "load_ms", "time spent loading, 0 = instant (0)", _int_at_least(0)),
     Flag(
         ("--sim-rss-mb",),
@@ -213,7 +225,9 @@ def _store(values: dict[str, Any], flag: Flag, name: str, raw: str) -> None:
         value = flag.convert(raw)
     except ValueError as exc:
         raise UsageError(f'error while handling argument "{name}": {exc}') from None
-    if flag.many:
+    if flag.many and isinstance(value, tuple):  # already a list (a key file's lines)
+        values.setdefault(flag.dest, []).extend(value)
+    elif flag.many:
         values.setdefault(flag.dest, []).extend(p.strip() for p in value.split(",") if p.strip())
     else:
         values[flag.dest] = value

@@ -7,7 +7,8 @@ the engine, which is the single owner of router state, and it reports back only 
 API (rules S1-S8 of DESIGN §4 are cited where they apply)::
 
     sup = Supervisor(post, state_file=path)          # post(event) must not block
-    pid = await sup.spawn(name, argv, env, child_protocol=True, load_timeout=600.0)
+    pid = await sup.spawn(name, argv, env, child_protocol=True, load_timeout=600.0,
+                          host="127.0.0.1", keyed=False)  # keyed: a fresh key (issue 18)
     sup.stop(name, stop_timeout=10.0)                # graceful, then SIGKILL at the deadline
     sup.kill(name)                                   # SIGKILL the group now
     sup.live() -> dict[str, ChildInfo]               # snapshot of running children
@@ -18,9 +19,12 @@ API (rules S1-S8 of DESIGN §4 are cited where they apply)::
 Events, per ``spawn()`` call and in this order: ``ChildStarted`` (posted before ``spawn``
 returns, and again with the new pid/port after each bind-failure retry, S2), any number of
 ``LogLine``/``ChildState``, at most one ``ChildReady`` (first readiness), maybe ``ChildStuck``,
-and exactly one ``ChildExited``. ``post`` is also called synchronously from inside ``spawn``,
-``stop`` and ``kill`` (router log lines), so it must only enqueue. State lines keep flowing
-after a stop was requested; the engine's ``stopping`` flag is its own.
+and exactly one ``ChildExited``. A keyed spawn's ``ChildStarted`` carries its key (left out of
+repr); the child reads it from a 0600 file beside the state file, removed after the exit, and
+every command line the supervisor shows (log lines, ``live()``, the state file) is masked.
+``post`` is also called synchronously from inside ``spawn``, ``stop`` and ``kill`` (router log
+lines), so it must only enqueue. State lines keep flowing after a stop was requested; the
+engine's ``stopping`` flag is its own.
 
 Errors: ``spawn`` raises ``SpawnError`` when the process cannot be started (only a LogLine is
 posted) and ``ValueError`` while the name is live: a name is free again once its

@@ -9,14 +9,19 @@ it (stopping.py) and start and reap it (core.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import re
+import secrets
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
+from routerpanel.router.address import shown
 from routerpanel.router.supervisor.child import Child
 from routerpanel.router.supervisor.processes import (
     ROUTER_ONLY_ENV,
@@ -44,6 +49,7 @@ class SupervisorBase:
         strip_env: Collection[str] = (),
         router_port: int = 0,
         port_picker: Callable[[], int] = pick_free_port,
+        key_dir: Path | None = None,
     ) -> None:
         self._post_cb = post
         self._state_file = state_file
@@ -53,6 +59,8 @@ class SupervisorBase:
         self._bind_retries = bind_retries
         self._router_port = router_port
         self._pick_port = port_picker
+        # Keyed children's key files: beside the state file (the data dir) unless told.
+        self._key_dir = key_dir or (state_file.parent if state_file is not None else None)
         # Captured once, like llama.cpp (ROUTER_SPEC 4.6), but filtered (S1, §15.20).
         self._base_env = child_environment(os.environ, (*ROUTER_ONLY_ENV, *strip_env))
         self._children: dict[str, Child] = {}
@@ -102,7 +110,7 @@ class SupervisorBase:
             name=child.name,
             pid=child.pid,
             port=child.port,
-            argv=child.argv,
+            argv=tuple(shown(child.argv)),
             state=child.state,
             ready=child.ready_at is not None,
             stopping=child.stop_requested_at is not None,
@@ -122,6 +130,24 @@ class SupervisorBase:
             port = self._pick_port()
         return port
 
+    def _write_key(self, name: str, key: str) -> Path:
+        """Write ``key`` to a new file only this user can read; return its path."""
+        if self._key_dir is None:  # no data dir: a private temporary one, made once
+            self._key_dir = Path(tempfile.mkdtemp(prefix="routerpanel-keys-"))
+        self._key_dir.mkdir(parents=True, exist_ok=True)
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64]
+        path = self._key_dir / f"child-key-{safe}-{secrets.token_hex(6)}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(key + "\n")
+        return path
+
+    @staticmethod
+    def _remove_key(path: Path | None) -> None:
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
     @staticmethod
     def _timeout_for(name: str, timeout: float | Mapping[str, float]) -> float:
         return timeout.get(name, 10.0) if isinstance(timeout, Mapping) else timeout
@@ -140,7 +166,7 @@ class SupervisorBase:
                 "pid": c.pid,
                 "pgid": c.pid,  # start_new_session: the child leads its own group
                 "create_time": c.create_time,
-                "argv": list(c.argv),
+                "argv": shown(c.argv),
             }
             for c in self._children.values()
         ]

@@ -9,7 +9,9 @@ import signal
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from routerpanel.router.address import LOOPBACK, ChildAddress
 from routerpanel.router.supervisor.flood import LogBudget
 from routerpanel.router.supervisor.reports import ChildStateName, LogLine
 
@@ -23,6 +25,8 @@ class Launch:
     env: dict[str, str]
     child_protocol: bool
     load_timeout: float | None
+    host: str = LOOPBACK  # what it listens on (--host)
+    keyed: bool = False  # a fresh API key for every spawn (issue 18)
 
 
 @dataclass(eq=False)
@@ -50,10 +54,16 @@ class Child:
     budget: LogBudget = field(default_factory=LogBudget)  # shared by stdout and stderr
     timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
+    key: str | None = field(default=None, repr=False)
+    key_file: Path | None = None  # holds ``key`` for --api-key-file; removed after the exit
 
     @property
     def name(self) -> str:
         return self.launch.name
+
+    @property
+    def address(self) -> ChildAddress:
+        return ChildAddress(self.launch.host, self.port, self.key)
 
     @property
     def pid(self) -> int:

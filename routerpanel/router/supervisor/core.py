@@ -1,8 +1,10 @@
 """The ``Supervisor``: start a child in its own session, watch it, reap it, report its exit.
 
-``spawn`` starts ``argv --host 127.0.0.1 --port P`` without a shell (S1) and retries on another
-port when the bind fails (S2); ``_run`` awaits the leader's exit (S5), kills what is left of its
-group and drains the pipes, then posts exactly one ``ChildExited``. ``shutdown`` stops everyone.
+``spawn`` starts ``argv --host H --port P`` without a shell (S1) and retries on another port
+when the bind fails (S2); ``_run`` awaits the leader's exit (S5), kills what is left of its group
+and drains the pipes, then posts exactly one ``ChildExited``. ``shutdown`` stops everyone.
+A keyed spawn (issue 18) gets a fresh API key in a 0600 file (``--api-key-file``, so the key is
+not on the command line ``ps`` shows), removed once the child has exited.
 The layers below own the children (base.py), read their output (output.py) and stop them
 (stopping.py).
 """
@@ -15,6 +17,7 @@ import shlex
 import signal
 from collections.abc import Mapping, Sequence
 
+from routerpanel.router.address import LOOPBACK, new_key, shown
 from routerpanel.router.supervisor.child import Child, Launch, exit_error
 from routerpanel.router.supervisor.processes import (
     ExitProtocol,
@@ -37,10 +40,14 @@ class Supervisor(Stopping):
         *,
         child_protocol: bool,
         load_timeout: float | None,
+        host: str = LOOPBACK,
+        keyed: bool = False,
     ) -> int:
-        """Start ``argv`` + ``--host 127.0.0.1 --port P`` in its own session; return its pid.
+        """Start ``argv`` + ``--host H --port P`` in its own session; return its pid.
 
-        Returns once the process exists; readiness arrives later as ``ChildReady``.
+        With ``keyed`` the child also gets ``--api-key-file F``: a new key for each spawn,
+        reported in ``ChildStarted.key``. Returns once the process exists; readiness arrives
+        later as ``ChildReady``.
         """
         if self._closed:
             raise SpawnError("the supervisor is shut down")
@@ -48,7 +55,7 @@ class Supervisor(Stopping):
             raise ValueError("empty argv")
         if name in self._children or name in self._reserved:
             raise ValueError(f"model {name!r} already has a live process")
-        launch = Launch(name, tuple(argv), dict(env), child_protocol, load_timeout)
+        launch = Launch(name, tuple(argv), dict(env), child_protocol, load_timeout, host, keyed)
         self._reserved.add(name)
         try:
             child = await self._start(launch, attempt=1)
@@ -76,11 +83,20 @@ class Supervisor(Stopping):
 
     async def _start(self, launch: Launch, attempt: int) -> Child:
         port = self._free_port()
-        argv = (*launch.argv, "--host", "127.0.0.1", "--port", str(port))
+        argv = (*launch.argv, "--host", launch.host, "--port", str(port))
+        key = new_key() if launch.keyed else None
+        key_file = None
+        if key is not None:
+            try:
+                key_file = self._write_key(launch.name, key)
+            except OSError as exc:
+                self._note(launch.name, None, f"failed to write the child's key file: {exc}")
+                raise SpawnError(f"failed to write the child's key file: {exc}") from exc
+            argv = (*argv, "--api-key-file", str(key_file))
         env = {**self._base_env, **launch.env}
         if launch.child_protocol:
             env["LLAMA_SERVER_ROUTER_PORT"] = str(self._router_port)  # S3
-        self._note(launch.name, None, f"spawning (attempt {attempt}): {shlex.join(argv)}")
+        self._note(launch.name, None, f"spawning (attempt {attempt}): {shlex.join(shown(argv))}")
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await loop.subprocess_exec(
@@ -93,14 +109,16 @@ class Supervisor(Stopping):
                 start_new_session=True,  # own process group, for os.killpg (STYLE 5)
             )
         except OSError as exc:
+            self._remove_key(key_file)
             self._note(launch.name, None, f"failed to spawn server instance: {exc}")
             raise SpawnError(f"failed to spawn server instance: {exc}") from exc
         proc = asyncio.subprocess.Process(transport, protocol, loop)
         child = Child(launch, proc, transport, protocol.exited, port, argv, attempt, self._now())
+        child.key, child.key_file = key, key_file
         child.create_time = create_time(proc.pid)
         self._children[launch.name] = child
         self._write_state()
-        self._post(ChildStarted(launch.name, proc.pid, port, attempt))
+        self._post(ChildStarted(launch.name, proc.pid, port, attempt, launch.host, key))
         if launch.load_timeout is not None:
             when = child.started + launch.load_timeout
             child.arm("load", when, lambda: self._on_load_timeout(child))
@@ -123,6 +141,7 @@ class Supervisor(Stopping):
         await self._drain(child, readers)
         child.transport.close()  # our pipe ends, even if a process outside the group holds theirs
         returncode = await child.proc.wait()  # at once: the exit status is known
+        self._remove_key(child.key_file)
         if self._should_retry(child):
             with contextlib.suppress(SpawnError):
                 await self._retry(child)

@@ -88,7 +88,7 @@ class Output(SupervisorBase):
 
     async def _poll(self, child: Child) -> None:
         """Poll /health until 200: the only polling, for children without the protocol (S3)."""
-        while await probe_health(child.port) != 200:
+        while await probe_health(child.address) != 200:
             await asyncio.sleep(self._health_interval)
         child.state = "ready"
         self._mark_ready(child, {})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from routerpanel.router.address import ChildAddress
 from routerpanel.router.supervisor.reports import ChildStateName
 
 STATE_PREFIX = "cmd_child_to_router:state:"
@@ -23,19 +24,18 @@ STATE_NAMES: dict[str, ChildStateName] = {
 }
 
 
-async def probe_health(port: int, timeout: float = 2.0) -> int | None:
-    """Return the status of ``GET /health`` on 127.0.0.1:``port``, or None if it did not answer.
+async def probe_health(address: ChildAddress, timeout: float = 2.0) -> int | None:
+    """Return the status of ``GET /health`` on the child, or None if it did not answer.
 
     A bare HTTP/1.1 request on asyncio streams: cheaper than a client library at 10 Hz and it
-    logs nothing.
+    logs nothing. llama-server leaves /health public; the key goes along all the same, for a
+    server binary that protects it.
     """
     try:
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = await asyncio.open_connection(address.host, address.port)
             try:
-                writer.write(
-                    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-                )
+                writer.write(address.get("/health"))
                 status_line = await reader.readline()
             finally:
                 writer.close()

@@ -4,7 +4,7 @@ leftovers ``reap_leftovers`` found (S8) and ``SpawnError``. Plain frozen values,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 Stream = Literal["stdout", "stderr", "router"]
@@ -26,6 +26,8 @@ class ChildStarted:
     pid: int
     port: int
     attempt: int  # 1, then 2.. after bind-failure retries (S2)
+    host: str = "127.0.0.1"  # where it listens
+    key: str | None = field(default=None, repr=False)  # its API key (issue 18), never shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,7 @@ class ChildInfo:
     name: str
     pid: int
     port: int
-    argv: tuple[str, ...]
+    argv: tuple[str, ...]  # as spawned, any key masked
     state: ChildStateName  # last reported
     ready: bool  # has been ready at least once
     stopping: bool
