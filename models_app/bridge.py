@@ -292,7 +292,21 @@ class RouterClient:
         if host is not None:
             return await self._acquire_local(host, model, actor, autoload, request_id, priority)
         client = await self._placed(model)
-        return await client._acquire_remote(model, actor, autoload, request_id, priority)
+        try:
+            return await client._acquire_remote(model, actor, autoload, request_id, priority)
+        except RouterRejected as exc:
+            # Placed on a node that was lost before it answered: place it once more, on a node
+            # that lives (the model's preset may run elsewhere), instead of failing it.
+            if self.node is not None or not client.node or exc.status != 503:
+                raise
+            if not await nodes.lost(client.node):
+                raise
+            again = await self._placed(model)
+            if again.node == client.node:
+                raise
+            log.warning("node %s was lost; request %s placed again on %s",
+                        client.node, request_id, again.node)  # fmt: skip
+            return await again._acquire_remote(model, actor, autoload, request_id, priority)
 
     async def _acquire_local(
         self,

@@ -270,6 +270,12 @@ async def _read(cache: _Cache) -> list[Node]:
     return cache.nodes
 
 
+async def lost(node: str) -> bool:
+    """Whether ``node`` is lost now, read afresh (not from the cached directory)."""
+    _cache().read_at = -math.inf
+    return any(n.name == node and not n.live for n in await known())
+
+
 async def live_names() -> list[str]:
     return [node.name for node in await known() if node.live]
 
