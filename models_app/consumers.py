@@ -76,6 +76,7 @@ def audit_row(row: AuditEvent) -> dict[str, Any]:
         "from": row.from_state,
         "to": row.to_state,
         "url": reverse("panel:audit_detail", args=[row.pk]),
+        "node": row.node,  # several hosts: the node whose router wrote it
     }
 
 

@@ -224,6 +224,9 @@ class _Cache:
     def __init__(self) -> None:
         self.read_at = -math.inf
         self.nodes: list[Node] = []
+        # Cold models this process placed lately -> (node, until): counted as loading there
+        # until the node's beat shows them, so the next request does not place by a stale read.
+        self.started: dict[str, tuple[str, float]] = {}
         self.reading: asyncio.Future[list[Node]] | None = None
         self.client: Any = None
 
@@ -280,9 +283,10 @@ async def live_names() -> list[str]:
     return [node.name for node in await known() if node.live]
 
 
-def place(model: str | None, directory: list[Node]) -> str:
+def place(model: str | None, directory: list[Node], started: dict[str, str] | None = None) -> str:
     """The node a request for ``model`` goes to, by placement.py's rule; ``model`` None (a call
-    about no model): the first live node. Raises ``NoPlace``."""
+    about no model): the first live node. ``started``: models just placed (model -> node), as
+    loading there when the beats do not show them yet. Raises ``NoPlace``."""
     live = [node for node in directory if node.live]
     if model is None:
         if not live:
@@ -291,7 +295,7 @@ def place(model: str | None, directory: list[Node]) -> str:
     eligible = [node.name for node in directory if serves(node, model)]
     if not eligible:
         raise NoPlace(f"no node serves model {model!r} ({_nobody(directory)})")
-    views = [view(node) for node in directory]
+    views = [view(node, started) for node in directory]
     try:
         return placement.place(canonical(directory, model), eligible, views).node
     except placement.NoEligibleNode as exc:
@@ -302,11 +306,22 @@ async def place_claimed(model: str | None, directory: list[Node]) -> str:
     """``place``, and for a model no live node holds yet, a claim in Redis for a few seconds:
     two web processes (or two requests within one directory read) that place the same cold
     model at once send it to the same node, so it is never loaded on two by accident."""
-    node = place(model, directory)
-    if model is None or held(directory, canonical(directory, model)):
-        return node
-    key = f"{settings.ROUTERPANEL_REDIS_PREFIX}:placement:{canonical(directory, model)}"
     cache = _cache()
+    now = time.monotonic()
+    cache.started = {m: (n, until) for m, (n, until) in cache.started.items() if until > now}
+    started = {m: n for m, (n, _) in cache.started.items()}
+    node = place(model, directory, started)
+    name = canonical(directory, model) if model is not None else ""
+    if model is None or name in started or held(directory, name):
+        return node
+    node = await _claim(cache, name, node, directory)
+    cache.started[name] = (node, now + CLAIM_SECONDS)
+    return node
+
+
+async def _claim(cache: _Cache, model: str, node: str, directory: list[Node]) -> str:
+    """Claim ``model`` for ``node`` in Redis; the node claimed first if another process won."""
+    key = f"{settings.ROUTERPANEL_REDIS_PREFIX}:placement:{model}"
     if cache.client is None:
         from models_app import liveness
 
@@ -351,8 +366,9 @@ def held(directory: list[Node], model: str) -> bool:
     return False
 
 
-def view(node: Node) -> placement.NodeView:
-    """What placement.py needs of a node, from its beat's status (worker.node_status)."""
+def view(node: Node, started: dict[str, str] | None = None) -> placement.NodeView:
+    """What placement.py needs of a node, from its beat's status (worker.node_status), with
+    the models just ``started`` there that its beat does not show yet."""
     status = node.status
     models = {
         str(m["name"]): placement.ModelView(
@@ -365,11 +381,16 @@ def view(node: Node) -> placement.NodeView:
         )
         for m in status.get("models", ())
     }
+    running = int(status.get("running") or 0)
+    for model, where in (started or {}).items():
+        if where == node.name and models.get(model, placement.ModelView()).state == "unloaded":
+            models[model] = placement.ModelView(state="loading")
+            running += 1
     return placement.NodeView(
         node.name,
         node.live,
         int(status.get("models_max") or 0),
-        int(status.get("running") or 0),
+        running,
         status.get("memory_available"),
         models,
     )
@@ -397,6 +418,12 @@ def merge_snapshots(snaps: dict[str, Any], directory: list[Node]) -> dict[str, A
             if name not in chosen or (up and chosen[name]["node"] is None):
                 chosen[name] = {**model, "node": node if up else None}
         queue += [{**entry, "node": node} for entry in snap.get("queue", [])]
+    # A lost node's models (from its last beat) that run nowhere else show as lost with it.
+    for lost in (n for n in directory if not n.live):
+        for entry in lost.status.get("models", ()):
+            model = chosen.get(str(entry.get("name")))
+            if model is not None and model["node"] is None and entry.get("state") != "unloaded":
+                model["lost_on"] = lost.name
     models = [{**model, "nodes": where[name]} for name, model in chosen.items()]
     merged = dict(first)
     merged.update(models=models, queue=queue, seq=max(s.get("seq", 0) for s in snaps.values()))

@@ -30,7 +30,7 @@ EXPORT_FIELDS = (
     "id", "time", "kind", "model", "from_state", "to_state", "actor", "reason", "trigger_model",
     "trigger_request", "queue_depth", "memory_before", "memory_after", "idle_seconds",
     "stop_seconds", "settle_seconds", "load_seconds", "force_killed", "exit_code", "router_id",
-    "seq", "details",
+    "seq", "node", "details",
 )  # fmt: skip
 
 

@@ -45,17 +45,17 @@ class Answer:
         return self.error is None and not self.pending
 
 
-def client(timeout: float | None = None) -> RouterClient:
-    return RouterClient(timeout=timeout or PAGE_TIMEOUT)
+def client(timeout: float | None = None, node: str | None = None) -> RouterClient:
+    return RouterClient(timeout=timeout or PAGE_TIMEOUT, node=node)
 
 
-async def call_router(call: Call, wait: float | None = None) -> Answer:
+async def call_router(call: Call, wait: float | None = None, node: str | None = None) -> Answer:
     """Make ``call``; give up waiting after ``wait`` seconds but let the call finish.
 
     A load may sit in the queue for minutes (A9): the caller gets ``pending`` and the call goes
     on as a task on the server's loop, logging its failure.
     """
-    task = asyncio.ensure_future(_answer(client().call(call)))
+    task = asyncio.ensure_future(_answer(client(node=node).call(call)))
     done, _ = await asyncio.wait({task}, timeout=wait)
     if done:
         return task.result()
@@ -80,9 +80,9 @@ def _finished_in_background(task: asyncio.Task[Answer]) -> None:
         log.info("router call failed after the page answered: %s", task.result().error)
 
 
-def ask_router(call: Call, wait: float | None = None) -> Answer:
-    """``call_router`` from a synchronous view."""
-    return async_to_sync(call_router)(call, wait)
+def ask_router(call: Call, wait: float | None = None, node: str | None = None) -> Answer:
+    """``call_router`` from a synchronous view; ``node``: that node's router (several hosts)."""
+    return async_to_sync(call_router)(call, wait, node)
 
 
 def snapshot() -> tuple[dict[str, Any] | None, str | None]:

@@ -16,7 +16,7 @@ from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from models_app import audit, queue_reasons, reservations
+from models_app import audit, nodes, queue_reasons, reservations
 from models_app.models import AuditEvent, Preset
 from models_app.roles import Role, require
 from models_app.views import actions, common, memory
@@ -147,10 +147,17 @@ def _next(request: HttpRequest, default: str) -> str:
 @require_GET
 @require(Role.VIEWER)
 def memory_history(request: HttpRequest) -> JsonResponse:
-    """``?range=1h`` (the router's ring, as columns), ``24h`` or ``7d`` (the rollups)."""
+    """``?range=1h`` (the router's ring, as columns), ``24h`` or ``7d`` (the rollups);
+    ``&node=NAME``: that node's ring (several hosts)."""
     range_name = request.GET.get("range", "1h")
+    node = request.GET.get("node") or None
+    if node is not None:
+        try:
+            nodes.check_name(node)
+        except ValueError as exc:
+            return JsonResponse({"available": False, "reason": str(exc)}, status=400)
     if range_name == "1h":
-        answer = common.ask_router({"type": "router.memory"}, common.PAGE_TIMEOUT + 1)
+        answer = common.ask_router({"type": "router.memory"}, common.PAGE_TIMEOUT + 1, node)
         samples = (answer.body or {}).get("memory")
         if not isinstance(samples, list):
             return JsonResponse({"available": False, "reason": answer.error or "no samples"})

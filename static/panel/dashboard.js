@@ -73,8 +73,9 @@
     setText(el, "state-text", state);
     show(el, "stopping", !!m.stopping);
     show(el, "pinned", !!m.pinned);
-    show(el, "node", !!m.node);
-    setText(el, "node-name", m.node || "");
+    show(el, "node", !!(m.node || m.lost_on));
+    setText(el, "node-name", m.node || (m.lost_on ? `${m.lost_on}, lost` : ""));
+    field(el, "node").classList.toggle("is-lost", !m.node && !!m.lost_on);
     cardReason(el, m.name);
     renderProgress(el, m);
     const estimate = (presets[m.name] || {}).estimate;
@@ -212,7 +213,9 @@
     queue = snap.queue || [];
     renderQueue();
     renderNodes(snap.nodes || []);
-    const max = config.models_max;
+    // Several hosts: the slots of every live node together (0 when one has no limit).
+    const live = (snap.nodes || []).filter((n) => n.state === "live");
+    const max = live.length ? (live.some((n) => !n.models_max) ? 0 : live.reduce((t, n) => t + n.models_max, 0)) : config.models_max;
     const running = snap.models.filter((m) => RUNNING.has(m.state)).length;
     document.getElementById("slots").textContent =
       max === undefined ? "" : `${running} of ${max === 0 ? "unlimited" : max} running`;
@@ -253,6 +256,40 @@
       list.append(li);
     }
     groupCards(nodes);
+    renderNodePicker(nodes);
+  }
+
+  // The memory charts show one node's machine: a button per node picks which (its last hour
+  // from its router; the 24 h and 7 d rollups are the installation's).
+  let chartNode = null;
+  function renderNodePicker(nodes) {
+    const picker = document.getElementById("chart-nodes");
+    picker.hidden = nodes.length < 2;
+    if (!nodes.length) return;
+    if (chartNode === null || !nodes.some((n) => n.node === chartNode)) {
+      chartNode = (nodes.find((n) => n.state === "live") || nodes[0]).node;
+    }
+    picker.replaceChildren();
+    for (const n of nodes) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.dataset.node = n.node;
+      button.textContent = n.node;
+      button.setAttribute("aria-pressed", String(n.node === chartNode));
+      button.addEventListener("click", () => pickChartNode(n.node));
+      picker.append(button);
+    }
+  }
+
+  async function pickChartNode(node) {
+    chartNode = node;
+    for (const b of document.querySelectorAll("#chart-nodes button")) b.setAttribute("aria-pressed", String(b.dataset.node === node));
+    const url = `${root.dataset.historyUrl}?range=1h&node=${encodeURIComponent(node)}`;
+    const response = await fetch(url, { credentials: "same-origin" });
+    const data = response.ok ? await response.json() : { available: false };
+    if (chartNode !== node) return;
+    chart.load(data.available ? data.columns : {});
+    document.getElementById("memory-node").textContent = ` of ${node}`;
   }
 
   function groupCards(nodes) {
@@ -261,7 +298,10 @@
     if (!nodes.length) return;
     const order = new Map(nodes.map((n, i) => [n.node, i]));
     const cards = [...box.querySelectorAll(".model-card")];
-    const where = (el) => (models.get(el.dataset.model) || {}).node || "";
+    const where = (el) => {
+      const m = models.get(el.dataset.model) || {};
+      return m.node || m.lost_on || "";
+    };
     const rank = (el) => (order.has(where(el)) ? order.get(where(el)) : nodes.length);
     cards.sort((a, b) => rank(a) - rank(b) || a.dataset.model.localeCompare(b.dataset.model));
     let last = null;
@@ -362,6 +402,12 @@
       m.backoff = { until: d.until, strikes: d.strikes, reason: d.reason };
       render(m);
     },
+    [EVENTS.NODE_CHANGED](d) {
+      // A node joined or was lost (several hosts): the header and the cards follow the truth.
+      const lost = d.change === "lost";
+      toast(lost ? `Node ${d.node} lost: no heartbeat for ${seconds(d.silent_for || 0)}` : `Node ${d.node} joined`, lost ? "error" : "ok");
+      scheduleRefresh();
+    },
     [EVENTS.MODEL_STUCK](d, ev) {
       const m = model(d.model);
       m.noteAt = ev.time;
@@ -369,8 +415,11 @@
       render(m);
       scheduleRefresh();
     },
-    [EVENTS.QUEUE_CHANGED](d) {
-      queue = d.entries;
+    [EVENTS.QUEUE_CHANGED](d, ev) {
+      // Several hosts: each node sends its own queue; the table shows them all.
+      queue = ev.node
+        ? queue.filter((e) => e.node !== ev.node).concat(d.entries.map((e) => Object.assign({}, e, { node: ev.node })))
+        : d.entries;
       const positions = new Map(queue.map((e) => [e.model, e]));
       for (const m of models.values()) {
         const entry = positions.get(m.name);
@@ -383,9 +432,11 @@
       }
       renderQueue();
     },
-    [EVENTS.MEMORY_SAMPLE](d) {
-      chart.push(d);
-      renderMemNow(d.system);
+    [EVENTS.MEMORY_SAMPLE](d, ev) {
+      if (!ev.node || !chartNode || ev.node === chartNode) {
+        chart.push(d); // several hosts: the charts show one node's machine at a time
+        renderMemNow(d.system);
+      }
       const busy = d.in_flight || {};
       for (const m of models.values()) {
         const child = (d.children || {})[m.name];
@@ -653,13 +704,18 @@
       kind.textContent = row.kind_label;
       const name = document.createElement("strong");
       name.textContent = row.model;
+      const where = document.createElement("small");
+      if (row.node && row.model) {
+        where.className = "muted node-of";
+        where.textContent = ` on ${row.node}`;
+      }
       const actor = document.createElement("span");
       actor.className = "actor";
       actor.textContent = row.actor;
       const reason = document.createElement("span");
       reason.className = "reason";
       reason.textContent = row.reason;
-      li.append(time, " ", kind, " ", name, " ", actor, " ", reason);
+      li.append(time, " ", kind, " ", name, where, " ", actor, " ", reason);
       li.dataset.time = row.time;
       // Newest first by event time: the writer may land a row after a later one (an eviction
       // is written once its victim has exited).
@@ -930,9 +986,9 @@
   }
 
   const chart = new MemoryChart(document.getElementById("chart-note"));
-  for (const button of document.querySelectorAll(".ranges button")) {
+  for (const button of document.querySelectorAll(".ranges button[data-range]")) {
     button.addEventListener("click", () => {
-      for (const other of document.querySelectorAll(".ranges button")) other.setAttribute("aria-pressed", String(other === button));
+      for (const other of document.querySelectorAll(".ranges button[data-range]")) other.setAttribute("aria-pressed", String(other === button));
       chart.showRange(button.dataset.range);
     });
   }

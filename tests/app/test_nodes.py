@@ -103,6 +103,12 @@ class TestPlacement:
         assert nodes.place("a", found) == "n2"
         assert nodes.place("alpha", found) == "n2"  # an alias: its preset's name
 
+    def test_a_model_just_started_counts_as_loading_on_its_node(self) -> None:
+        found = [node("n1", status()), node("n2", status(memory=10))]
+        assert nodes.place("b", found) == "n2"  # both free: more memory
+        assert nodes.place("b", found, started={"a": "n2"}) == "n1"  # n2's slot is taken
+        assert nodes.place("a", found, started={"a": "n1"}) == "n1"  # where it is starting
+
     def test_a_free_slot_first_then_the_least_recently_used_victim(self) -> None:
         found = [
             node("n1", status({"name": "a", "state": "loaded", "last_used": 9.0})),
@@ -143,7 +149,9 @@ class TestPlacement:
         assert await nodes.place_claimed("a", first) == "n2"  # more memory left
         second = [node("n1", status(memory=99)), node("n2", status(memory=10))]
         assert nodes.place("a", second) == "n1"  # what the rule alone would say now
-        assert await nodes.place_claimed("a", second) == "n2"  # the claim holds
+        assert await nodes.place_claimed("a", second) == "n2"  # this process started it there
+        nodes._cache().started.clear()  # as another web process, which did not
+        assert await nodes.place_claimed("a", second) == "n2"  # the claim in Redis holds
         nodes._caches.clear()
 
 
@@ -162,6 +170,20 @@ class TestMerged:
         assert merged["queue"] == [{"model": "b", "waiters": 1, "node": "n2"}]
         assert merged["seqs"] == {"n1": 4, "n2": 9}
         assert [n["node"] for n in merged["nodes"]] == ["n1", "n2"]
+
+    def test_a_lost_nodes_models_show_as_lost_with_it_unless_they_run_elsewhere(self) -> None:
+        snaps = {
+            "n2": {
+                "seq": 1,
+                "models": [{"name": "a", "state": "unloaded"}, {"name": "b", "state": "loaded"}],
+                "queue": [],
+            }
+        }
+        ran = status({"name": "a", "state": "loaded"}, {"name": "b", "state": "loaded"})
+        merged = nodes.merge_snapshots(snaps, [node("n1", ran, live=False), node("n2", {})])
+        by_name = {m["name"]: m for m in merged["models"]}
+        assert by_name["a"]["lost_on"] == "n1" and by_name["a"]["node"] is None
+        assert "lost_on" not in by_name["b"] and by_name["b"]["node"] == "n2"
 
     def test_metrics_of_several_nodes_gain_a_node_label(self) -> None:
         family = {"name": "loads_total", "type": "counter", "help": "h"}
