@@ -18,6 +18,7 @@ from models_app.models import (
     ApiKey,
     AuditKind,
     KeyPriority,
+    NodeSettings,
     Preset,
     RouterSettings,
     parse_model_patterns,
@@ -214,6 +215,27 @@ class PresetForm(forms.ModelForm):
 
 
 # ---- router settings --------------------------------------------------------------------------
+
+
+class NodeSettingsForm(forms.ModelForm):
+    """One node's own capacity (several hosts); an empty field takes the router settings'."""
+
+    memory_budget = SizeField(help_text="What this node's models may use together (8G, 96G).")
+
+    class Meta:
+        model = NodeSettings
+        fields = ("node", "models_max", "memory_budget", "settle_timeout")
+        widgets = {"node": forms.HiddenInput}
+
+    def clean_settle_timeout(self) -> int | None:
+        value: int | None = self.cleaned_data.get("settle_timeout")
+        if value is not None and value > SettingsForm.MAX_SETTLE:
+            raise ValidationError(f"At most {SettingsForm.MAX_SETTLE} seconds.")
+        return value
+
+    def is_empty(self) -> bool:
+        """Every value left empty: the node takes the router settings again."""
+        return all(self.cleaned_data.get(f) in (None, "") for f in self.Meta.fields[1:])
 
 
 class SettingsForm(forms.ModelForm):

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass, field
+from typing import Any
 
-from models_app.models import Preset, RouterSettings
+from models_app.models import NodeSettings, Preset, RouterSettings
 from models_app.server_options import table_for
 from routerpanel.router import placement, presets
 from routerpanel.router.config import PresetSpec, RouterConfig
@@ -39,13 +40,22 @@ class Overrides:
     child_keys: bool = False
 
 
-def router_config(row: RouterSettings, overrides: Overrides = Overrides()) -> RouterConfig:
-    models_max = overrides.models_max if overrides.models_max is not None else row.models_max
+def router_config(
+    row: RouterSettings, overrides: Overrides = Overrides(), node: NodeSettings | None = None
+) -> RouterConfig:
+    """The engine's config: the command line's overrides win, then the node's own settings
+    (several hosts), then the router settings."""
+
+    def pick(name: str) -> Any:
+        own = getattr(node, name) if node is not None else None
+        return own if own is not None else getattr(row, name)
+
+    models_max = overrides.models_max if overrides.models_max is not None else pick("models_max")
     return RouterConfig(
         models_max=models_max,
-        memory_budget=row.memory_budget or None,
+        memory_budget=pick("memory_budget") or None,
         memory_headroom=row.memory_headroom,
-        settle_timeout=float(row.settle_timeout),
+        settle_timeout=float(pick("settle_timeout")),
         max_waiters=row.max_waiters or None,
         max_wait=float(row.max_wait) if row.max_wait else None,
         quarantine_after=row.quarantine_after,
@@ -155,7 +165,9 @@ def load_specs(overrides: Overrides = Overrides()) -> tuple[RouterConfig, list[P
     """Read the settings row and every preset (sync: call through ``sync_to_async``)."""
     settings_row = RouterSettings.load()
     rows = list(Preset.objects.order_by("name"))
-    return router_config(settings_row, overrides), preset_specs(rows, settings_row, overrides)
+    node = NodeSettings.objects.filter(node=overrides.node).first() if overrides.node else None
+    config = router_config(settings_row, overrides, node)
+    return config, preset_specs(rows, settings_row, overrides)
 
 
 def quote_argv(argv: tuple[str, ...]) -> str:

@@ -45,6 +45,7 @@ urlpatterns = [
     # No trailing slash: a model name may hold "/", and logs/x.log/ is the page of "x.log".
     path("logs/<path:model>.log", logs.model_logs_text, name="logs_text"),
     path("settings/", admin_pages.settings_page, name="settings"),
+    path("settings/nodes/<str:node>/", admin_pages.node_settings, name="node_settings"),
     path("keys/", admin_pages.api_keys, name="api_keys"),
     path("keys/<int:pk>/scope/", admin_pages.api_key_scope, name="api_key_scope"),
     path("keys/<int:pk>/revoke/", admin_pages.api_key_revoke, name="api_key_revoke"),

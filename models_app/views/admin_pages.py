@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
@@ -11,8 +13,15 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from models_app import audit, signin
-from models_app.forms import ApiKeyForm, KeyScopeForm, NewUserForm, RoleForm, SettingsForm
-from models_app.models import ApiKey, AuditKind, RouterSettings
+from models_app.forms import (
+    ApiKeyForm,
+    KeyScopeForm,
+    NewUserForm,
+    NodeSettingsForm,
+    RoleForm,
+    SettingsForm,
+)
+from models_app.models import ApiKey, AuditEvent, AuditKind, NodeSettings, RouterSettings
 from models_app.roles import Role, forbidden, require, role_of, set_role
 from models_app.views import common
 
@@ -37,8 +46,74 @@ def settings_page(request: HttpRequest) -> HttpResponse:
         "values": _readable(row),
         "running": (snap or {}).get("config"),
         "router_error": router_error,
+        "nodes": _node_rows(row, (snap or {}).get("nodes") or [], is_admin),
     }
     return render(request, "panel/settings.html", context)
+
+
+def _node_rows(row: RouterSettings, seen: list[dict[str, Any]], editable: bool) -> list[Any]:
+    """Several hosts: each node known (live, lost, or with settings of its own) with what it
+    runs with and, for admins, a form for its own values."""
+    own = {n.node: n for n in NodeSettings.objects.all()}
+    states = {n["node"]: n for n in seen}
+    out = []
+    for name in sorted(set(own) | set(states)):
+        mine = own.get(name)
+        form = NodeSettingsForm(instance=mine or NodeSettings(node=name), prefix=f"node-{name}")
+        effective = mine.models_max if mine and mine.models_max is not None else row.models_max
+        state = states.get(name, {})
+        out.append({"node": name, "state": state.get("state", "never seen"), "own": mine,
+                    "effective_max": effective, "running_max": state.get("models_max"),
+                    "form": form if editable else None})  # fmt: skip
+    return out
+
+
+@require_POST
+@require(Role.ADMIN)
+def node_settings(request: HttpRequest, node: str) -> HttpResponse:
+    """Save one node's own capacity (empty values: back to the router settings); the node's
+    router applies it at once."""
+    actor = audit.actor_of(request.user)
+    with transaction.atomic():
+        mine = NodeSettings.objects.select_for_update().filter(node=node).first()
+        before = _node_state(mine)
+        form = NodeSettingsForm(
+            request.POST, instance=mine or NodeSettings(node=node), prefix=f"node-{node}"
+        )
+        if not form.is_valid():
+            problems = "; ".join(f"{f}: {' '.join(e)}" for f, e in form.errors.items())
+            messages.error(request, f"Node {node}: {problems}")
+            return redirect("panel:settings")
+        if form.is_empty():
+            if mine is not None:
+                mine.delete()
+            after = _node_state(None)
+        else:
+            saved = form.save(commit=False)
+            saved.node, saved.updated_by = node, request.user
+            saved.save()
+            after = _node_state(saved)
+        changes = audit.diff(before, after)
+        if changes:
+            AuditEvent.objects.record(
+                AuditKind.SETTINGS_CHANGED, actor=actor, node=node,
+                reason=f"node {node}: " + ", ".join(changes), details={"changes": changes},
+            )  # fmt: skip
+    if not changes:
+        messages.info(request, "Nothing changed.")
+        return redirect("panel:settings")
+    call: Any = {"type": "router.settings", "actor": actor}
+    answer = common.ask_router(call, common.ACTION_WAIT, node=node)
+    common.report(
+        request, answer, f"Saved the settings of node {node}; its router applies them now.",
+        f"Saved the settings of node {node}; its router is applying them.",
+    )  # fmt: skip
+    return redirect("panel:settings")
+
+
+def _node_state(row: NodeSettings | None) -> dict[str, Any]:
+    fields = ("models_max", "memory_budget", "settle_timeout")
+    return {f: getattr(row, f) if row is not None else None for f in fields}
 
 
 def _save_settings(request: HttpRequest, form: SettingsForm) -> HttpResponse:

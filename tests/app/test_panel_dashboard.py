@@ -120,6 +120,16 @@ class TestMemoryHistory:
         assert data["columns"]["used"] == [10, 20]
         assert data["columns"]["models"] == {"demo-small": [None, 5]}
 
+    def test_a_nodes_last_hour_comes_from_that_nodes_router(
+        self, viewer_client: Client, stub: RouterStub
+    ) -> None:
+        """Several hosts: the chart's node picker asks for one node's ring."""
+        data = viewer_client.get("/memory/history/?range=1h&node=studio-2").json()
+        assert data["available"] is True
+        assert stub.of_kind("memory")[-1]["node"] == "studio-2"
+        refused = viewer_client.get("/memory/history/?range=1h&node=no%20such")
+        assert refused.status_code == 400 and "node name" in refused.json()["reason"]
+
     def test_24_hours_come_from_the_rollups(self, viewer_client: Client) -> None:
         minute = timezone.now().replace(second=0, microsecond=0) - timedelta(hours=1)
         common = {"samples": 60, "used_min": 1, "used_max": 9}

@@ -147,3 +147,58 @@ def test_queue_policy_flag_and_variable_are_checked(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("ROUTERPANEL_QUEUE_POLICY", "lottery")
     with pytest.raises(EnvError, match="ROUTERPANEL_QUEUE_POLICY"):
         parse()
+
+
+class TestNodeSettings:
+    """Several hosts (issue 18): a node's own capacity over the router settings."""
+
+    def post(self, client: Client, node: str, **values: Any) -> Any:
+        fields = {"node": node, "models_max": "", "memory_budget": "", "settle_timeout": ""}
+        data = {f"node-{node}-{k}": v for k, v in (fields | values).items()}
+        return client.post(f"/settings/nodes/{node}/", data, follow=True)
+
+    def test_a_nodes_max_is_saved_audited_and_sent_to_that_node_only(
+        self, admin_client: Client, panel_router: RouterStub
+    ) -> None:
+        from models_app.models import NodeSettings
+        from models_app.specs import Overrides, router_config
+
+        text = self.post(admin_client, "studio-2", models_max="1", memory_budget="64G")
+        assert "Saved the settings of node studio-2" in text.content.decode()
+        own = NodeSettings.objects.get(node="studio-2")
+        assert (own.models_max, own.memory_budget, own.settle_timeout) == (1, 64 << 30, None)
+        row = AuditEvent.objects.get(kind=AuditKind.SETTINGS_CHANGED)
+        assert row.node == "studio-2" and row.reason.startswith("node studio-2: ")
+        assert panel_router.of_kind("settings") == [{"actor": "user:ada", "node": "studio-2"}]
+        settings_row = RouterSettings.load()
+        config = router_config(settings_row, Overrides(node="studio-2"), own)
+        assert (config.models_max, config.memory_budget) == (1, 64 << 30)
+        assert config.settle_timeout == settings_row.settle_timeout  # not its own: the default
+        assert router_config(settings_row, Overrides(models_max=3), own).models_max == 3  # flag
+        page = admin_client.get("/settings/").content.decode()
+        assert 'id="node-settings"' in page and "from this node's settings" in page
+
+    def test_empty_values_give_the_node_the_router_settings_again(
+        self, admin_client: Client, panel_router: RouterStub
+    ) -> None:
+        from models_app.models import NodeSettings
+
+        self.post(admin_client, "studio-2", models_max="1")
+        self.post(admin_client, "studio-2")
+        assert not NodeSettings.objects.exists()
+        assert AuditEvent.objects.filter(kind=AuditKind.SETTINGS_CHANGED).count() == 2
+
+    def test_a_bad_value_names_the_field_and_changes_nothing(
+        self, admin_client: Client, panel_router: RouterStub
+    ) -> None:
+        from models_app.models import NodeSettings
+
+        text = self.post(admin_client, "studio-2", settle_timeout="601").content.decode()
+        assert "Node studio-2: settle_timeout: At most 600 seconds." in text
+        assert not NodeSettings.objects.exists() and not panel_router.of_kind("settings")
+
+    def test_viewers_may_not_change_a_node(
+        self, viewer_client: Client, panel_router: RouterStub
+    ) -> None:
+        response = viewer_client.post("/settings/nodes/studio-2/", {})
+        assert response.status_code == 403

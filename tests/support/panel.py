@@ -60,9 +60,13 @@ class RouterStub:
             "config": {"models_max": 2},
         }
 
-    async def __call__(self, call: Call, wait: float | None = None) -> common.Answer:
+    async def __call__(
+        self, call: Call, wait: float | None = None, node: str | None = None
+    ) -> common.Answer:
         kind = call["type"].removeprefix("router.")
         payload = {key: value for key, value in call.items() if key != "type"}
+        if node is not None:
+            payload["node"] = node  # several hosts: the node asked
         self.calls.append((kind, payload))
         if self.down:
             return common.Answer(error="router unavailable", status=503)
