@@ -255,7 +255,7 @@ class RouterClient:
             return self
         directory = await nodes.known()
         if not directory:
-            return self.on_node("")
+            return self  # one router: the unnamed one (None and "" go to the same channel)
         try:
             return self.on_node(await nodes.place_claimed(model, directory))
         except nodes.NoPlace as exc:
