@@ -64,6 +64,8 @@ class Engine(Inbox):
         leftovers: list[supervisor.Leftover] = []
         if self._state_file is not None:
             leftovers = await asyncio.to_thread(supervisor.reap_leftovers, self._state_file)
+            if removed := self._supervisor.remove_stale_keys():
+                log.info("removed %d child key files a previous router left", removed)
         self._loop_task = asyncio.create_task(self._run(), name="router engine")
         self._tasks.append(asyncio.create_task(self._timer.run(), name="router timer"))
         if self._memory_interval:

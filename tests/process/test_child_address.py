@@ -19,6 +19,8 @@ import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
 from routerpanel.router.address import LOOPBACK, ChildAddress
+from routerpanel.router.config import RouterConfig
+from routerpanel.router.engine import Engine
 from routerpanel.router.probe import read_slots
 from routerpanel.router.supervisor import ChildExited, ChildReady, ChildStarted, Supervisor
 from tests.support.supervisor import PROJECT, WAIT, Recorder, sim
@@ -166,3 +168,26 @@ class TestProbes:
         unkeyed = await read_slots(ChildAddress(started.host, started.port), 5.0)
         assert keyed is not None and keyed.counters is not None  # /slots answered
         assert unkeyed is not None and (unkeyed.counters, unkeyed.status) == (None, 401)
+
+
+class TestLeftovers:
+    async def test_a_killed_routers_key_files_go_and_a_live_childs_stays(
+        self, sup: Supervisor, recorder: Recorder, data_dir: Path
+    ) -> None:
+        await spawn_keyed(sup, recorder, "m")
+        (live,) = key_files(data_dir)
+        stale = data_dir / "child-key-old-0123456789ab"
+        stale.write_text("left by a router killed with -9\n")
+        assert sup.remove_stale_keys() == 1
+        assert key_files(data_dir) == [live]
+
+    async def test_an_engine_removes_them_at_start(self, data_dir: Path) -> None:
+        data_dir.mkdir(parents=True)
+        stale = data_dir / "child-key-old-0123456789ab"
+        stale.write_text("left by a router killed with -9\n")
+        engine = Engine(RouterConfig(child_keys=True), [], state_file=data_dir / "children.json")
+        await engine.start()
+        try:
+            assert not stale.exists()
+        finally:
+            await engine.shutdown()

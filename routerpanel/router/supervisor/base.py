@@ -142,6 +142,17 @@ class SupervisorBase:
             file.write(key + "\n")
         return path
 
+    def remove_stale_keys(self) -> int:
+        """Remove the key files a killed router left behind (one router per data dir); return
+        how many. A child reads its key when it starts, so no live child needs an old file."""
+        if self._key_dir is None or not self._key_dir.is_dir():
+            return 0
+        live = {c.key_file for c in self._children.values()}
+        stale = [p for p in self._key_dir.glob("child-key-*") if p not in live]
+        for path in stale:
+            self._remove_key(path)
+        return len(stale)
+
     @staticmethod
     def _remove_key(path: Path | None) -> None:
         if path is not None:
