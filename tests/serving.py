@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,3 +229,14 @@ class LiveChildSampler:
             self.seen.update(name for _, cmdline in live if (name := alias_of(cmdline)))
             self.samples += 1
             self._stop.wait(self.interval)
+
+
+def in_threads(target: Callable[[str], None], items: Iterable[str], timeout: float = 120) -> None:
+    """Call ``target(item)`` for every item at once, one thread each; wait for them all."""
+    import threading
+
+    threads = [threading.Thread(target=target, args=(item,)) for item in items]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)

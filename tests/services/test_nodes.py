@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ from tests.chaos.conftest import RedisServer
 from tests.serving import (
     ROOT,
     LiveChildSampler,
+    in_threads,
     sim_preset,
     simserver_processes,
     wait_until,
@@ -76,11 +76,7 @@ def test_requests_are_placed_per_node_and_each_node_keeps_its_own_models_max(
                     if answer.status_code != 200:
                         print(f"{model}: {answer.status_code} {answer.text}")
 
-                threads = [threading.Thread(target=ask, args=(m,)) for m in "abcabc"]
-                for thread in threads:
-                    thread.start()
-                for thread in threads:
-                    thread.join(120)
+                in_threads(ask, "abcabc")
                 assert results == [200] * 6
         for name, sampler in samplers.items():
             peak, seen = sampler.saw()

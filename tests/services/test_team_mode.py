@@ -21,6 +21,7 @@ from tests.serving import (
     LiveChildSampler,
     Server,
     free_port,
+    in_threads,
     run_manage,
     sim_preset,
     simserver_processes,
@@ -71,11 +72,7 @@ def test_requests_swap_models_through_two_processes(
                 with lock:
                     results.append(response.status_code)
 
-            threads = [threading.Thread(target=ask, args=(m,)) for m in "abcabc"]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(120)
+            in_threads(ask, "abcabc")
         assert results == [200] * 6
         print(f"team mode swap: max live children {sampler.maximum} over {sampler.samples} samples")
         assert sampler.saw() == (1, {"a", "b", "c"})  # each model ran, never two at once
