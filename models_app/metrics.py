@@ -343,12 +343,12 @@ def fold_minutes(
     return series
 
 
-def roll_up(history: list[dict[str, Any]], now: float | None = None) -> int:
+def roll_up(history: list[dict[str, Any]], now: float | None = None, node: str = "") -> int:
     """Store per-minute min/avg/max of ``history``; return the rows written.
 
     Idempotent: a minute already stored from at least as many samples is left alone, so running
     twice (or two overlapping folds of the ring) changes nothing. Rows older than
-    ``MemoryRollup.KEEP_DAYS`` are deleted.
+    ``MemoryRollup.KEEP_DAYS`` are deleted. ``node``: whose machine (several hosts).
     """
     from models_app.models import MemoryRollup
 
@@ -356,17 +356,17 @@ def roll_up(history: list[dict[str, Any]], now: float | None = None) -> int:
     series = fold_minutes(history, now)
     existing = {
         (r.minute, r.scope, r.model): r.samples
-        for r in MemoryRollup.objects.filter(minute__in={key[0] for key in series})
+        for r in MemoryRollup.objects.filter(minute__in={key[0] for key in series}, node=node)
     }
     rows = [
-        _rollup_row(key, values)
+        _rollup_row(key, values, node)
         for key, values in series.items()
         if existing.get(key, 0) < len(values.used)
     ]
     MemoryRollup.objects.bulk_create(
         rows,
         update_conflicts=True,
-        unique_fields=["minute", "scope", "model"],
+        unique_fields=["minute", "scope", "model", "node"],
         update_fields=ROLLUP_VALUES,
     )
     cutoff = datetime.fromtimestamp(now, tz=UTC) - timedelta(days=MemoryRollup.KEEP_DAYS)
@@ -374,11 +374,11 @@ def roll_up(history: list[dict[str, Any]], now: float | None = None) -> int:
     return len(rows)
 
 
-def _rollup_row(key: tuple[datetime, str, str], values: _Series) -> Any:
+def _rollup_row(key: tuple[datetime, str, str], values: _Series, node: str = "") -> Any:
     from models_app.models import MemoryRollup
 
     minute, scope, model = key
-    row = MemoryRollup(minute=minute, scope=scope, model=model, samples=len(values.used))
+    row = MemoryRollup(minute=minute, scope=scope, model=model, samples=len(values.used), node=node)
     for name in ("used", "available", "swap_used"):
         data = getattr(values, name)
         if data:

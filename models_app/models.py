@@ -941,6 +941,9 @@ class MemoryRollup(models.Model):
     swap_used_min = models.BigIntegerField(null=True, blank=True)
     swap_used_avg = models.BigIntegerField(null=True, blank=True)
     swap_used_max = models.BigIntegerField(null=True, blank=True)
+    node = models.CharField(
+        max_length=64, blank=True, default="", help_text="the node's machine (several hosts)"
+    )
 
     objects: ClassVar[MemoryRollupQuerySet] = MemoryRollupQuerySet.as_manager()  # as ApiKey's
 
@@ -949,7 +952,7 @@ class MemoryRollup(models.Model):
         indexes = [models.Index(fields=["scope", "model", "minute"])]
         constraints = [
             models.UniqueConstraint(
-                fields=["minute", "scope", "model"], name="memory_rollup_once_per_minute"
+                fields=["minute", "scope", "model", "node"], name="memory_rollup_once_per_minute"
             )
         ]
 

@@ -26,7 +26,7 @@ from celery import shared_task
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
-from models_app import audit, metrics, reservations, usage
+from models_app import audit, metrics, nodes, reservations, usage
 from models_app.bridge import RouterClient, RouterRejected
 from models_app.models import Preset, RouterSettings
 from routerpanel.router import gguf, options
@@ -177,14 +177,20 @@ def apply_retention() -> int:
 
 
 def roll_up_memory(client: RouterClient | None = None) -> int:
-    """Fold the router's one-hour memory ring into per-minute rollups; 0 if it does not answer."""
+    """Fold the router's one-hour memory ring into per-minute rollups; 0 if it does not answer.
+    Several hosts: each live node's ring, into rows of its own."""
     client = client or RouterClient()
-    try:
-        answer = async_to_sync(client.memory)()
-    except RouterRejected as exc:
-        log.warning("memory rollup skipped: %s", exc)
-        return 0
-    return metrics.roll_up(answer.get("memory") or [])
+    live = async_to_sync(nodes.live_names)() if getattr(client, "node", None) is None else []
+    targets = [(client.on_node(node), node) for node in live] or [(client, "")]
+    written = 0
+    for target, node in targets:
+        try:
+            answer = async_to_sync(target.memory)()
+        except RouterRejected as exc:
+            log.warning("memory rollup skipped%s: %s", f" for node {node}" if node else "", exc)
+            continue
+        written += metrics.roll_up(answer.get("memory") or [], node=node)
+    return written
 
 
 def preload(name: str, client: RouterClient | None = None) -> dict[str, Any]:

@@ -162,4 +162,4 @@ def memory_history(request: HttpRequest) -> JsonResponse:
         if not isinstance(samples, list):
             return JsonResponse({"available": False, "reason": answer.error or "no samples"})
         return JsonResponse({"available": True, "columns": memory.columns(samples)})
-    return JsonResponse(memory.rollups(range_name))
+    return JsonResponse(memory.rollups(range_name, node or ""))

@@ -46,7 +46,7 @@ def rollup_model() -> type[models.Model] | None:
     return model
 
 
-def rollups(range_name: str) -> dict[str, Any]:
+def rollups(range_name: str, node: str = "") -> dict[str, Any]:
     """Return the 24 h or 7 d history as columns: the system's used/available/swap averages
     (and used max), each model's average RSS, averaged again into ``bucket``-second steps."""
     if range_name not in RANGES:
@@ -58,7 +58,9 @@ def rollups(range_name: str) -> dict[str, Any]:
     fields = ("minute", "scope", "model", "used_avg", "used_max", "available_avg", "swap_used_avg")
     now = timezone.now()
     since = now - span
-    rows = model.objects.filter(minute__gte=since).order_by("minute").values_list(*fields)
+    rows = (
+        model.objects.filter(minute__gte=since, node=node).order_by("minute").values_list(*fields)
+    )  # several hosts: ``node``'s machine
     out = with_gaps(_bucketed(rows, bucket), bucket)
     window = [since.timestamp(), now.timestamp()]  # the x-axis spans it, however few points
     if not out["time"]:

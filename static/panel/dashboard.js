@@ -289,6 +289,7 @@
     const data = response.ok ? await response.json() : { available: false };
     if (chartNode !== node) return;
     chart.load(data.available ? data.columns : {});
+    if (chart.range !== "1h") chart.showRange(chart.range); // that node's rollups
     document.getElementById("memory-node").textContent = ` of ${node}`;
   }
 
@@ -963,7 +964,8 @@
         this.shown = range;
         return;
       }
-      const response = await fetch(`${root.dataset.historyUrl}?range=${range}`, { credentials: "same-origin" });
+      const node = chartNode ? `&node=${encodeURIComponent(chartNode)}` : ""; // several hosts
+      const response = await fetch(`${root.dataset.historyUrl}?range=${range}${node}`, { credentials: "same-origin" });
       const data = response.ok ? await response.json() : { available: false, reason: `HTTP ${response.status}` };
       if (this.range !== range) return;
       if (!data.available) {

@@ -130,6 +130,17 @@ class TestMemoryHistory:
         refused = viewer_client.get("/memory/history/?range=1h&node=no%20such")
         assert refused.status_code == 400 and "node name" in refused.json()["reason"]
 
+    def test_a_nodes_24_hours_come_from_its_own_rollups(self, viewer_client: Client) -> None:
+        minute = timezone.now().replace(second=0, microsecond=0) - timedelta(hours=1)
+        for node, used in (("studio-1", 5), ("studio-2", 7)):
+            MemoryRollup.objects.create(minute=minute, scope="system", model="", used_avg=used,
+                                        samples=60, used_min=used, used_max=used,
+                                        available_avg=1, swap_used_avg=0, node=node)  # fmt: skip
+        data = viewer_client.get("/memory/history/?range=24h&node=studio-2").json()
+        assert data["available"] is True and [u for u in data["system"]["used"] if u] == [7]
+        alone = viewer_client.get("/memory/history/?range=24h").json()  # the unnamed router's
+        assert alone["available"] is False
+
     def test_24_hours_come_from_the_rollups(self, viewer_client: Client) -> None:
         minute = timezone.now().replace(second=0, microsecond=0) - timedelta(hours=1)
         common = {"samples": 60, "used_min": 1, "used_max": 9}

@@ -187,6 +187,21 @@ class TestMemoryRollups:
         assert tasks.metrics.roll_up(history[30:], self.START + 150) == 0  # a cut-off ring
         assert list(MemoryRollup.objects.values()) == before
 
+    def test_each_node_folds_into_rows_of_its_own(self) -> None:
+        """Several hosts: two machines' same minute are two rows, each run again changes
+        nothing."""
+        small, big = (
+            ring(self.START, 150, used=1 << 30, rss=1),
+            ring(self.START, 150, used=9 << 30, rss=1),
+        )
+        assert tasks.metrics.roll_up(small, self.START + 150, node="n1") == 4
+        assert tasks.metrics.roll_up(big, self.START + 150, node="n2") == 4
+        assert tasks.metrics.roll_up(big, self.START + 150, node="n2") == 0
+        minute = _minute(self.START + 40)
+        used = dict(MemoryRollup.objects.filter(scope="system", minute=minute)
+                    .values_list("node", "used_min"))  # fmt: skip
+        assert used == {"n1": (1 << 30) + 40 * MIB, "n2": (9 << 30) + 40 * MIB}
+
     def test_rows_older_than_thirty_days_are_deleted(self) -> None:
         old = datetime.fromtimestamp(self.START, tz=UTC) - timedelta(days=31)
         MemoryRollup.objects.create(minute=old, scope="system", samples=1, used_min=1,
