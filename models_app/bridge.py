@@ -525,10 +525,38 @@ class RouterClient:
     async def set_reservations(
         self, reservations: dict[str, list[str]], *, actor: str
     ) -> ReservationsAnswer:
-        """Hand the router the whole current set of reservations (issue 17.6)."""
+        """Hand the router the whole current set of reservations (issue 17.6). Several hosts:
+        each reserved model goes to the one node placement picks (loaded there in advance, not on
+        every node that may run it), and every live node gets its whole set, maybe empty."""
+        if self.node is None and self._in_process() is None and (found := await nodes.known()):
+            return await self._reserve_on_nodes(reservations, found, actor)
         call: Call = {"type": "router.reservations", "actor": actor, "reservations": reservations}
         body: ReservationsAnswer = await self._call(call)
         return body
+
+    async def _reserve_on_nodes(
+        self, reservations: dict[str, list[str]], found: list[nodes.Node], actor: str
+    ) -> ReservationsAnswer:
+        shares: dict[str, dict[str, list[str]]] = {n.name: {} for n in found if n.live}
+        unknown = []
+        for model, owners in sorted(reservations.items()):
+            try:
+                shares[await nodes.place_claimed(model, found)][model] = owners
+            except nodes.NoPlace:
+                unknown.append(model)  # no live node may run it now: the next tick tries again
+        answers = await asyncio.gather(
+            *(self.on_node(node).set_reservations(share, actor=actor)
+              for node, share in shares.items()),
+            return_exceptions=True,
+        )  # fmt: skip
+        out: ReservationsAnswer = {"reserved": [], "loading": [], "unknown": unknown}
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                log.warning("a node did not take its reservations: %s", answer)
+                continue
+            for key in ("reserved", "loading", "unknown"):
+                out[key] = sorted({*out[key], *answer.get(key, [])})
+        return out
 
     async def snapshot(self) -> SnapshotAnswer:
         body: SnapshotAnswer = await self._call({"type": "router.snapshot"})

@@ -273,3 +273,28 @@ def test_the_audit_row_of_a_node_is_stored_with_its_node(db: Any) -> None:
     stored = AuditEvent.objects.get(kind="node_joined")
     assert stored.node == "n2" and stored.get_kind_display() == "node joined"
     assert json.loads(json.dumps(stored.details))["node"] == "n2"
+
+
+class TestReservationsOnNodes:
+    async def test_a_booked_model_goes_to_one_node_and_every_node_gets_its_set(
+        self, monkeypatch: pytest.MonkeyPatch, settings: Any, redis_prefix: str
+    ) -> None:
+        """Not to every node that may run it: it would be loaded on both in advance."""
+        from models_app.bridge import RouterClient
+
+        found = [node("n1", status()), node("n2", status(memory=10)), node("n3", {}, live=False)]
+
+        async def known() -> list[nodes.Node]:
+            return found
+
+        sent: dict[str, dict[str, Any]] = {}
+
+        async def call_remote(client: RouterClient, call: dict[str, Any]) -> dict[str, Any]:
+            sent[str(client.node)] = call["reservations"]
+            return {"reserved": sorted(call["reservations"]), "loading": [], "unknown": []}
+
+        monkeypatch.setattr(nodes, "known", known)
+        monkeypatch.setattr(RouterClient, "_call_remote", call_remote)
+        answer = await RouterClient().set_reservations({"a": ["group:ws"]}, actor="tick")
+        assert sent == {"n1": {}, "n2": {"a": ["group:ws"]}}  # n2: more memory; n3 is lost
+        assert answer == {"reserved": ["a"], "loading": [], "unknown": []}
