@@ -601,6 +601,9 @@ class RouterClient:
             return nodes.merge_snapshots(got, await nodes.known())
         if call["type"] == "router.metrics":
             return nodes.merge_metrics(got)
+        if call["type"] == "router.cancel_queued":  # by request id: only its node has it
+            cancelled = sorted({r for a in got.values() for r in a.get("cancelled", ())})
+            return {"success": True, "cancelled": cancelled}
         return next(iter(got.values()))
 
     async def _call_local(self, host: LocalRouter, call: Call) -> AnswerBody:

@@ -298,3 +298,20 @@ class TestReservationsOnNodes:
         answer = await RouterClient().set_reservations({"a": ["group:ws"]}, actor="tick")
         assert sent == {"n1": {}, "n2": {"a": ["group:ws"]}}  # n2: more memory; n3 is lost
         assert answer == {"reserved": ["a"], "loading": [], "unknown": []}
+
+    async def test_a_queued_request_is_cancelled_on_whichever_node_holds_it(
+        self, monkeypatch: pytest.MonkeyPatch, settings: Any, redis_prefix: str
+    ) -> None:
+        from models_app.bridge import RouterClient
+
+        async def live_names() -> list[str]:
+            return ["n1", "n2"]
+
+        async def call_remote(client: RouterClient, call: dict[str, Any]) -> dict[str, Any]:
+            mine = ["r-7"] if client.node == "n2" else []
+            return {"success": True, "cancelled": mine}
+
+        monkeypatch.setattr(nodes, "live_names", live_names)
+        monkeypatch.setattr(RouterClient, "_call_remote", call_remote)
+        answer = await RouterClient().cancel_queued(actor="user:ada", queued_request="r-7")
+        assert answer == {"success": True, "cancelled": ["r-7"]}
