@@ -111,8 +111,16 @@ class Command(BaseCommand):
             raise CommandError(f"failed to start the router: {exc}") from None
         link = router.host.link
         where = str(link.address) if link is not None and link.listening else "channel layer only"
+        overrides = router.host.overrides
+        node = (
+            f"node {overrides.node}, children on {overrides.advertise}"
+            + (" with per-spawn keys" if overrides.child_keys else "")
+            + "; "
+            if overrides.node
+            else ""
+        )
         self.stdout.write(
-            f"router running (pid {os.getpid()}, boot {router.boot}; data path: {where})"
+            f"router running ({node}pid {os.getpid()}, boot {router.boot}; data path: {where})"
         )
         self.stdout.flush()
         failed = asyncio.ensure_future(router.wait())
