@@ -203,6 +203,25 @@ class TestStored:
         assert (hour.completion_tokens, hour.loads_caused) == (6, 2)
         assert hour.load_seconds_caused == pytest.approx(2.5)
 
+    def test_every_column_of_a_row_is_written_as_the_orm_would(self) -> None:
+        """write_batch inserts with its own column list: a field added to the model must be
+        in it, and the values must read back as the ORM's (dates aware, booleans, NULLs)."""
+        fields = {f.name for f in UsageRecord._meta.concrete_fields if not f.primary_key}
+        assert set(usage._ROW_FIELDS) == fields
+        arrived = datetime(2026, 12, 2, 10, 30, 15, 250000, tzinfo=UTC).timestamp()
+        row = usage.Usage(
+            "user:alice", "m", arrived, "/tokenize", "req-1", 200, 0.5, 0.25, True,
+            ("a", "b"), 7, None, 1.5,
+        )  # fmt: skip
+        assert usage.write_batch([row]) == 1
+        (r,) = UsageRecord.objects.all()
+        assert r.time == datetime(2026, 12, 2, 10, 30, 15, 250000, tzinfo=UTC)
+        assert (r.actor, r.model, r.path, r.request_id, r.status) == (
+            "user:alice", "m", "/tokenize", "req-1", 200,
+        )  # fmt: skip
+        assert (r.queue_ms, r.load_ms, r.caused_load, r.evicted) == (500, 250, True, "a,b")
+        assert (r.prompt_tokens, r.completion_tokens, r.duration_ms) == (7, None, 1500)
+
     async def test_viewers_see_their_own_rows_and_operators_everyones(
         self, client: AsgiClient, models: None, keyed: None, recorder: usage.UsageRecorder
     ) -> None:
