@@ -63,6 +63,7 @@ class Beat:
     node: str = ""  # the node's name (nodes.py); "" the unnamed router
     advertise: str = ""  # the address its children listen on, for web processes to reach them
     status: dict[str, Any] | None = None  # capacity, memory and models, for placement
+    tcp: str = ""  # the data path for web processes on other hosts: "tcp:HOST:PORT" (routerlink)
 
     @classmethod
     def parse(cls, raw: bytes | str | None) -> Beat | None:
@@ -90,11 +91,13 @@ class Heartbeat:
         node: str = "",
         advertise: str = "",
         status: Callable[[], dict[str, Any]] | None = None,
+        tcp: str = "",
     ) -> None:
         self.boot = boot
         self.node, self.advertise = nodes.check_name(node), advertise
         self.status = status  # what the beat tells about the node (placement reads it)
         self.link = link  # the address the router's data path listens on, advertised
+        self.tcp = tcp  # and its TCP address, for web processes on other hosts
         self.on_back = on_back  # called with the outage's length when Redis returns
         self.every, self.ttl = every, ttl
         self.started = time.time()
@@ -108,7 +111,7 @@ class Heartbeat:
         host = socket.gethostname()
         status = self.status() if self.status is not None else None
         beat = Beat(self.boot, os.getpid(), host, time.time(), self.started, self.link,
-                    self.node, self.advertise, status)  # fmt: skip
+                    self.node, self.advertise, status, self.tcp)  # fmt: skip
         return json.dumps(beat.__dict__)
 
     async def run(self) -> None:

@@ -6,10 +6,22 @@ on a kept socket ~0.1 ms). The channel layer stays for events, the dashboard, di
 calls (load, unload, snapshot…); a router that advertises no address, or one out of reach, is
 used over the channel layer as before.
 
-**Address.** ``unix:PATH`` (the router's data dir, mode 0600, replaced when stale, removed on
-exit) — ``tcp:HOST:PORT`` is the form for routers on other nodes (issue 8), parsed here but not
-listened on yet. The router advertises its address in its heartbeat (liveness.py) beside its
-boot id; a web process uses a ``unix:`` address only when the heartbeat comes from its own host.
+**Addresses.** ``unix:PATH`` (the router's data dir, mode 0600, replaced when stale, removed on
+exit), and ``tcp:HOST:PORT`` for web processes on other hosts (several nodes, issue 18): a node
+whose children listen on an address other machines reach (``--advertise``, not loopback), or
+one given ``--link-port``, listens there too. The router advertises both in its heartbeat
+(liveness.py, ``link`` and ``tcp``) beside its boot id; a web process uses the Unix socket when
+the heartbeat comes from its own host, else the TCP address (``ROUTERPANEL_ROUTER_LINK_VIA=tcp``:
+always TCP, for a container without the router's data volume).
+
+**Authentication (TCP).** Anyone on the network can open a TCP connection, so there the router's
+hello carries a random ``nonce`` and the first line the web process sends must be
+``{"type": "link.auth", "proof"}``: HMAC-SHA256 of the nonce under a key derived from the
+installation's ``SECRET_KEY`` (every node and web process shares it; it never travels). A wrong
+or missing proof closes the connection before any message is handled; a right one is answered
+``link.ready``. The web process treats a refusal as a failed connect: it backs off and the
+channel layer serves meanwhile. A Unix socket needs none of this: its file mode admits only the
+router's user.
 
 **Framing.** One JSON object per line (UTF-8, ``\\n``), at most ``LINE_LIMIT`` bytes. The router
 speaks first: ``{"type": "link.hello", "boot", "protocol"}``. Then the web side sends the
@@ -36,9 +48,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import socket
 import stat
 import tempfile
@@ -57,6 +71,8 @@ log = logging.getLogger(__name__)
 
 PROTOCOL = 1
 HELLO = "link.hello"
+AUTH = "link.auth"
+READY = "link.ready"
 LINE_LIMIT = 1 << 20  # bytes in one line (a message); a longer one closes the connection
 SOCKET_NAME = "router.sock"
 UNIX_PATH_MAX = 100  # sun_path is 104 (macOS) or 108 (Linux) bytes, the final NUL included
@@ -88,7 +104,23 @@ class Address:
         return None
 
     def __str__(self) -> str:
-        return f"unix:{self.path}" if self.kind == "unix" else f"tcp:{self.host}:{self.port}"
+        if self.kind == "unix":
+            return f"unix:{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp:{host}:{self.port}"
+
+
+def link_key(secret: str | None = None) -> bytes:
+    """The key a TCP connection proves it knows: derived from ``SECRET_KEY`` (module doc)."""
+    if secret is None:
+        from django.conf import settings
+
+        secret = settings.SECRET_KEY
+    return hmac.new(secret.encode(), b"routerpanel router link", hashlib.sha256).digest()
+
+
+def proof(key: bytes, nonce: str) -> str:
+    return hmac.new(key, nonce.encode(), hashlib.sha256).hexdigest()
 
 
 def socket_path(data_dir: Path) -> Path:
@@ -135,18 +167,29 @@ async def read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 
 
 class LinkServer:
-    """The router's listener (one asyncio server); every connection is a ``_Peer``."""
+    """The router's listeners (a Unix socket; TCP too when ``tcp`` is given); every connection
+    is a ``_Peer``."""
 
-    def __init__(self, host: RouterHost, address: Address) -> None:
+    def __init__(
+        self, host: RouterHost, address: Address, tcp: Address | None = None,
+        key: bytes | None = None,
+    ) -> None:  # fmt: skip
         self.host = host
         self.address = address
+        self.tcp = tcp  # where to listen for other hosts (port 0: any free port)
+        self.tcp_link = ""  # the TCP address advertised once listening ("" when not)
+        self._key = key
         self.peers: set[_Peer] = set()
+        self.refused = 0  # TCP connections that failed to prove the key (tests, logs)
         self._server: asyncio.AbstractServer | None = None
+        self._tcp_server: asyncio.AbstractServer | None = None
 
     async def start(self) -> str:
-        """Listen; return the address to advertise ("" when it cannot: channels only)."""
+        """Listen; return the Unix address to advertise ("" when it cannot: channels only).
+        The TCP address, if any, is ``tcp_link`` afterwards."""
+        if self.tcp is not None:
+            await self._start_tcp(self.tcp)
         if self.address.kind != "unix":
-            log.warning("router link: %s is not supported yet; channels only", self.address)
             return ""
         path = Path(self.address.path)
         try:
@@ -164,29 +207,57 @@ class LinkServer:
             return ""
         return str(self.address)
 
+    async def _start_tcp(self, tcp: Address) -> None:
+        if self._key is None:
+            self._key = link_key()
+        try:
+            self._tcp_server = await asyncio.start_server(
+                self._serve_tcp, tcp.host, tcp.port, limit=LINE_LIMIT
+            )
+        except OSError as exc:
+            log.warning("router link: cannot listen on %s (%s); not over TCP", tcp, exc)
+            return
+        port = self._tcp_server.sockets[0].getsockname()[1]
+        self.tcp_link = str(Address("tcp", host=tcp.host, port=port))
+
     @property
     def listening(self) -> bool:
         return self._server is not None
 
     async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
+        servers = [s for s in (self._server, self._tcp_server) if s is not None]
+        self._server = self._tcp_server = None
+        if not servers:
             return
-        server.close()
+        for server in servers:
+            server.close()
         for peer in list(self.peers):
             peer.writer.close()
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
-                await server.wait_closed()
+                for server in servers:
+                    await server.wait_closed()
         if self.address.kind == "unix":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.address.path)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await self._serve(reader, writer, authenticate=True)
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        authenticate: bool = False,
+    ) -> None:  # fmt: skip
         peer = _Peer(self.host, writer)
-        self.peers.add(peer)
         try:
-            peer.send({"type": HELLO, "boot": self.host.boot, "protocol": PROTOCOL})
+            if authenticate and not await self._authenticate(peer, reader):
+                return
+            self.peers.add(peer)
+            if not authenticate:
+                peer.send({"type": HELLO, "boot": self.host.boot, "protocol": PROTOCOL})
             while (message := await read_message(reader)) is not None:
                 try:
                     peer.handle(message)  # one at a time, in order (see module doc)
@@ -198,6 +269,33 @@ class LinkServer:
             self.peers.discard(peer)
             peer.closed()
             writer.close()
+
+    async def _authenticate(self, peer: _Peer, reader: asyncio.StreamReader) -> bool:
+        """TCP: the hello with a nonce, then the proof of the key within CONNECT_TIMEOUT."""
+        assert self._key is not None
+        nonce = secrets.token_hex(16)
+        peer.send({"type": HELLO, "boot": self.host.boot, "protocol": PROTOCOL, "nonce": nonce})
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                message = await read_message(reader)
+        except TimeoutError:
+            message = None
+        given = message.get("proof") if message is not None else None
+        if (
+            message is None
+            or message["type"] != AUTH
+            or not isinstance(given, str)
+            or not hmac.compare_digest(given, proof(self._key, nonce))
+        ):
+            self.refused += 1
+            log.warning(
+                "router link: refused a TCP connection from %s (no proof of the key: another "
+                "SECRET_KEY, or not a web process)",
+                peer.writer.get_extra_info("peername"),
+            )
+            return False
+        peer.send({"type": READY})
+        return True
 
 
 def _remove_stale(path: Path) -> None:
@@ -396,8 +494,14 @@ class Link:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 reader, writer = await _open(self.address)
                 hello = await read_message(reader)
-            if hello is None or hello.get("type") != HELLO:
-                raise ConnectionError(f"no hello from the router: {hello!r}")
+                if hello is None or hello.get("type") != HELLO:
+                    raise ConnectionError(f"no hello from the router: {hello!r}")
+                if "nonce" in hello:  # TCP: prove the key (module doc)
+                    nonce = str(hello["nonce"])
+                    writer.write(encode({"type": AUTH, "proof": proof(link_key(), nonce)}))
+                    ready = await read_message(reader)
+                    if ready is None or ready.get("type") != READY:
+                        raise ConnectionError("the router refused the key (another SECRET_KEY?)")
         except (OSError, TimeoutError, ValueError) as exc:
             if writer is not None:
                 writer.close()
@@ -441,26 +545,34 @@ def reachable(watch: RouterWatch) -> Address | None:
     """The address the live router advertises, if this process can use it (per request: the
     answer is kept for the last advertisement seen)."""
     beat = watch.beat
-    if beat is None or not beat.link:
+    if beat is None or not (beat.link or beat.tcp):
         return None
-    key = (beat.link, beat.host)
+    key = (beat.link, beat.tcp, beat.host)
     if key not in _reachable:
         if len(_reachable) >= 64:  # routers come and go over weeks: keep the last few
             _reachable.clear()
-        _reachable[key] = _usable(beat.link, beat.host)
+        _reachable[key] = _usable(beat.link, beat.tcp, beat.host)
     return _reachable[key]
 
 
-_reachable: dict[tuple[str, str], Address | None] = {}
+_reachable: dict[tuple[str, str, str], Address | None] = {}
 
 
-def _usable(link: str, host: str) -> Address | None:
-    address = Address.parse(link)
-    if address is None or address.kind != "unix" or not enabled():
-        return None  # tcp: when routers run on other nodes (issue 8)
-    if host != socket.gethostname():
-        return None  # a Unix socket on another host is out of reach: channels
-    return address
+def _usable(link: str, tcp: str, host: str) -> Address | None:
+    """The Unix socket of a router on this host; else its TCP address; else None (channels)."""
+    if not enabled():
+        return None
+    unix = Address.parse(link) if link else None
+    if unix is not None and unix.kind == "unix" and host == socket.gethostname() and not _via_tcp():
+        return unix
+    address = Address.parse(tcp) if tcp else None
+    return address if address is not None and address.kind == "tcp" else None
+
+
+def _via_tcp() -> bool:
+    from django.conf import settings
+
+    return getattr(settings, "ROUTERPANEL_ROUTER_LINK_VIA", "auto") == "tcp"
 
 
 async def connection(watch: RouterWatch) -> Connection | None:
@@ -505,9 +617,10 @@ def startup_note() -> str:
         )
     if beat is None:
         return "data path to the router: no router running yet; socket when it advertises one"
-    if not beat.link:
+    if not beat.link and not beat.tcp:
         return "data path to the router: the channel layer (the router advertises no socket)"
-    if beat.host != socket.gethostname() or not beat.link.startswith("unix:"):
-        where = f"{beat.link} on {beat.host}"
+    address = _usable(beat.link, beat.tcp, beat.host)
+    if address is None:
+        where = f"{beat.link or beat.tcp} on {beat.host}"
         return f"data path to the router: the channel layer ({where} is out of reach)"
-    return f"data path to the router: socket {beat.link} (router boot {beat.boot})"
+    return f"data path to the router: socket {address} (router boot {beat.boot})"

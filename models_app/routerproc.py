@@ -63,6 +63,17 @@ def is_loopback(address: str) -> bool:
         return address == "localhost"
 
 
+def link_tcp(advertise: str, port: int | None) -> Any:
+    """Where the router link listens for other hosts (routerlink.py): on the advertised
+    address at ``port`` (``--link-port``; 0: any free port); without a port, only when the
+    address is not loopback (other machines reach it), at any free port. None: Unix only."""
+    from models_app import routerlink
+
+    if port is None and is_loopback(advertise):
+        return None
+    return routerlink.Address("tcp", host=advertise.strip("[]"), port=port or 0)
+
+
 class RouterProcess:
     """The router of this process (see module doc); ``options`` are the command's flags."""
 
@@ -97,7 +108,10 @@ class RouterProcess:
             from models_app import routerlink
 
             path = routerlink.socket_path(settings.DATA_DIR)
-            self.host.link = routerlink.LinkServer(self.host, routerlink.Address("unix", str(path)))
+            tcp = link_tcp(overrides.advertise, options.get("link_port"))
+            self.host.link = routerlink.LinkServer(
+                self.host, routerlink.Address("unix", str(path)), tcp
+            )
         self._tasks: list[asyncio.Task[Any]] = []
 
     def acquire_lock(self) -> None:

@@ -164,6 +164,7 @@ class RouterHost:
             self._beat = liveness.Heartbeat(
                 self.boot, on_back=self.redis_back, link=address, node=self.overrides.node,
                 advertise=self.overrides.advertise, status=self.node_status,
+                tcp=self.link.tcp_link if self.link is not None else "",
             )  # fmt: skip
             self._spawn(self._beat.run())
             if self.overrides.node:  # placement reads the beat: tell state changes at once

@@ -47,6 +47,18 @@ def envbool(name: str, default: bool, environ: Mapping[str, str] | None = None) 
     raise EnvError(f"{name}={value!r} is not a boolean; use true or false")
 
 
+def envchoice(
+    name: str, choices: tuple[str, ...], default: str, environ: Mapping[str, str] | None = None
+) -> str:
+    """Return one of ``choices`` (case-insensitive), or ``default`` when unset."""
+    value = _raw(name, environ)
+    if value is None:
+        return default
+    if value.lower() not in choices:
+        raise EnvError(f"{name}={value!r} is not one of {', '.join(choices)}")
+    return value.lower()
+
+
 @overload
 def envint(
     name: str, default: int, environ: Mapping[str, str] | None = None, *, minimum: int | None = None

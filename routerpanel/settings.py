@@ -14,7 +14,7 @@ from typing import Any
 import dj_database_url
 from celery.schedules import crontab
 
-from routerpanel.env import envbool, envint, envlist, envpath, envstr, secret_key_from
+from routerpanel.env import envbool, envchoice, envint, envlist, envpath, envstr, secret_key_from
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -128,6 +128,12 @@ ROUTERPANEL_REDIS_PREFIX = envstr("ROUTERPANEL_REDIS_PREFIX", "routerpanel")
 # router (models_app/routerlink.py). false: runrouter does not listen and web processes use the
 # channel layer for these too.
 ROUTERPANEL_ROUTER_LINK = envbool("ROUTERPANEL_ROUTER_LINK", True)
+# Web side: auto uses the router's Unix socket when it runs on this host, else its TCP address;
+# tcp always uses TCP (a container without the router's data volume).
+ROUTERPANEL_ROUTER_LINK_VIA = envchoice("ROUTERPANEL_ROUTER_LINK_VIA", ("auto", "tcp"), "auto")
+# Router side (runrouter --link-port): the TCP port of the data path; unset: any free port, and
+# only when --advertise is not loopback.
+ROUTERPANEL_LINK_PORT = envint("ROUTERPANEL_LINK_PORT", None, minimum=0)
 # Several hosts (issue 18; runrouter's --node, --advertise, --child-keys default to these).
 ROUTERPANEL_NODE = envstr("ROUTERPANEL_NODE")
 ROUTERPANEL_ADVERTISE = envstr("ROUTERPANEL_ADVERTISE", "127.0.0.1")

@@ -350,23 +350,115 @@ async def test_waiters_get_503_when_the_heartbeat_says_the_router_froze(tmp_path
         server.close()
 
 
-def test_only_a_unix_socket_of_this_host_is_used() -> None:
+def test_the_unix_socket_of_this_host_else_the_tcp_address_is_used(settings: Any) -> None:
     import socket as socketlib
 
     from models_app.liveness import Beat
 
     here = socketlib.gethostname()
 
-    def watch_of(link: str, host: str) -> Any:
-        beat = Beat("b", 1, host, time.time(), time.time(), link)
+    def watch_of(link: str, host: str, tcp: str = "") -> Any:
+        beat = Beat("b", 1, host, time.time(), time.time(), link, tcp=tcp)
         return type("W", (), {"beat": beat})()
 
-    assert routerlink.reachable(watch_of("unix:/x/router.sock", here)) == Address(
-        "unix", "/x/router.sock"
-    )
+    unix, tcp = Address("unix", "/x/router.sock"), Address("tcp", host="10.0.0.2", port=7070)
+    assert routerlink.reachable(watch_of("unix:/x/router.sock", here)) == unix
     assert routerlink.reachable(watch_of("unix:/x/router.sock", "elsewhere")) is None
-    assert routerlink.reachable(watch_of("tcp:10.0.0.2:7070", here)) is None  # issue 8
+    assert routerlink.reachable(watch_of("unix:/x/router.sock", here, "tcp:10.0.0.2:7070")) == unix
+    assert (
+        routerlink.reachable(watch_of("unix:/x/router.sock", "elsewhere", "tcp:10.0.0.2:7070"))
+        == tcp
+    )
+    assert routerlink.reachable(watch_of("tcp:10.0.0.2:7070", here)) is None  # not a socket
     assert routerlink.reachable(watch_of("", here)) is None  # an older router: channels
+    settings.ROUTERPANEL_ROUTER_LINK_VIA = "tcp"  # a container without the data volume
+    routerlink._reachable.clear()
+    assert routerlink.reachable(watch_of("unix:/x/router.sock", here, "tcp:10.0.0.2:7070")) == tcp
+    settings.ROUTERPANEL_ROUTER_LINK = False
+    routerlink._reachable.clear()
+    assert routerlink.reachable(watch_of("unix:/x/router.sock", here, "tcp:10.0.0.2:7070")) is None
+    routerlink._reachable.clear()
+
+
+def test_a_tcp_address_prints_an_ipv6_host_in_brackets() -> None:
+    assert str(Address("tcp", host="::1", port=7070)) == "tcp:[::1]:7070"
+    assert Address.parse(str(Address("tcp", host="::1", port=7070))) == Address(
+        "tcp", host="::1", port=7070
+    )
+
+
+# ---- TCP (web processes on other hosts) -------------------------------------------------------
+
+
+@pytest.fixture
+async def tcp_host(tmp_path: Path) -> AsyncIterator[RouterHost]:
+    await sync_to_async(save_two_sim_presets)()
+    host = RouterHost(InMemoryChannelLayer(), state_file=tmp_path / "children.json")
+    unix = Address("unix", str(routerlink.socket_path(tmp_path)))
+    host.link = LinkServer(host, unix, Address("tcp", host="127.0.0.1", port=0))
+    await host.start()
+    assert host.link.tcp_link.startswith("tcp:127.0.0.1:")
+    yield host
+    await asyncio.wait_for(host.stop(), DEADLINE)
+
+
+async def test_a_web_process_that_knows_the_key_acquires_over_tcp(tcp_host: RouterHost) -> None:
+    address = Address.parse(tcp_host.link.tcp_link)
+    assert address is not None
+    conn = await routerlink.Link(address).connect(Watch())  # type: ignore[arg-type]
+    assert conn is not None and conn.boot == tcp_host.boot
+    client = RouterClient(InMemoryChannelLayer())
+    grant = await client._acquire_linked(conn, "m1", "t", True, "tcp-1", "normal")
+    assert in_flight(tcp_host) == {"m1": 1}
+    await client.release(grant)
+    await until(lambda: in_flight(tcp_host) == {}, "released over TCP")
+    assert tcp_host.acquires["socket"] == 1 and tcp_host.link.refused == 0
+    conn.close()
+
+
+async def test_a_tcp_peer_without_the_key_is_refused_before_any_message(
+    tcp_host: RouterHost,
+) -> None:
+    address = Address.parse(tcp_host.link.tcp_link)
+    assert address is not None
+    reader, writer = await asyncio.open_connection(address.host, address.port)
+    hello = await routerlink.read_message(reader)
+    assert hello is not None and hello["type"] == "link.hello" and len(hello["nonce"]) == 32
+    wrong = routerlink.proof(routerlink.link_key("another installation's key"), hello["nonce"])
+    writer.write(routerlink.encode({"type": "link.auth", "proof": wrong}))
+    writer.write(routerlink.encode(acquire("sneaky", "m1")))
+    async with asyncio.timeout(DEADLINE):
+        assert await routerlink.read_message(reader) is None  # closed, nothing answered
+    writer.close()
+    # no proof at all: the first line is an acquire
+    reader, writer = await asyncio.open_connection(address.host, address.port)
+    await routerlink.read_message(reader)
+    writer.write(routerlink.encode(acquire("sneakier", "m1")))
+    async with asyncio.timeout(DEADLINE):
+        assert await routerlink.read_message(reader) is None
+    writer.close()
+    assert tcp_host.link.refused == 2 and tcp_host.acquires["socket"] == 0
+    assert in_flight(tcp_host) == {}
+
+
+async def test_a_web_process_with_another_key_backs_off_to_the_channel_layer(
+    tcp_host: RouterHost, settings: Any
+) -> None:
+    address = Address.parse(tcp_host.link.tcp_link)
+    assert address is not None
+    settings.SECRET_KEY = "not the router's secret key, but long enough to pass"
+    link = routerlink.Link(address)
+    assert await link.connect(Watch()) is None  # type: ignore[arg-type]
+    assert link._retry_at > time.monotonic()  # backs off; the channel layer serves meanwhile
+    await until(lambda: tcp_host.link.refused == 1, "refused")
+
+
+async def test_the_unix_socket_asks_no_proof(tcp_host: RouterHost) -> None:
+    raw, hello = await Raw.open(tcp_host)
+    assert "nonce" not in hello  # the socket's file mode admits only the router's user
+    raw.send(acquire("local", "m1"))
+    assert (await raw.until("local", "router.granted"))["type"] == "router.granted"
+    raw.close()
 
 
 def test_a_heartbeat_with_fields_this_version_does_not_know_still_parses() -> None:
@@ -378,3 +470,5 @@ def test_a_heartbeat_with_fields_this_version_does_not_know_still_parses() -> No
     assert Beat.parse(json.dumps(old)) == Beat("b", 1, "h", 1.0, 0.5, "")
     newer = old | {"link": "unix:/s", "replicas": 2}
     assert Beat.parse(json.dumps(newer)) == Beat("b", 1, "h", 1.0, 0.5, "unix:/s")
+    with_tcp = newer | {"tcp": "tcp:10.0.0.2:7070"}
+    assert Beat.parse(json.dumps(with_tcp)).tcp == "tcp:10.0.0.2:7070"  # type: ignore[union-attr]

@@ -30,6 +30,40 @@ def acquires(url: str) -> dict[str, int]:
     return {kind: int(float(n)) for kind, n in found}
 
 
+def kill_with_one_queued(router: Any, web: Any, socket_before: int) -> float:
+    """Hold model a with a long answer, queue b behind it on the router link, kill -9 the
+    router: b must be answered 503 router unavailable by the link's close, not the heartbeat
+    (DEAD_AFTER, 6 s). Returns the seconds from the kill to b's answer."""
+    answers: dict[str, Any] = {}
+
+    def ask(model: str, **kw: Any) -> None:
+        try:
+            answers[model] = post_chat(web.url, model, timeout=60, **kw)
+        except httpx.HTTPError as exc:  # a stream cut off by the child's death
+            answers[model] = exc
+        answers[f"{model}-at"] = time.monotonic()
+
+    busy = threading.Thread(target=ask, args=("a",), kwargs={"tokens": 300})
+    busy.start()
+    wait_until(lambda: acquires(web.url).get("socket") == socket_before + 1, 20, "a's acquire")
+    wait_until(lambda: b"loaded" in httpx.get(f"{web.url}/v1/models").content, 20, "a")
+    waiter = threading.Thread(target=ask, args=("b",))
+    waiter.start()  # b waits behind the busy a, on the link
+    wait_until(lambda: acquires(web.url).get("socket") == socket_before + 2, 10, "b's acquire")
+    time.sleep(0.3)
+    router.process.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    router.process.wait(10)
+    waiter.join(20)
+    busy.join(20)
+    response = answers["b"]
+    assert isinstance(response, httpx.Response) and response.status_code == 503
+    assert "router unavailable" in response.json()["error"]["message"], response.text
+    answered_after: float = answers["b-at"] - killed
+    assert answered_after < 2.0, f"answered {answered_after:.2f} s after the kill"
+    return answered_after
+
+
 def make_team(tmp_path: Path, database: str, url: str) -> Team:
     return Team(tmp_path, database, SimpleNamespace(url=url))  # type: ignore[arg-type]
 
@@ -56,6 +90,40 @@ def test_requests_flow_over_the_socket_not_the_channel_layer(
         assert counts == {"socket": 6, "channel": 0}, counts
 
 
+def test_a_web_process_on_another_host_uses_tcp_and_a_stranger_the_channel_layer(
+    tmp_path: Path,
+    pg_database: str,  # noqa: F811
+    redis_url: str,  # noqa: F811
+) -> None:
+    """Several nodes (issue 18): a web process reaches a router on another host over TCP,
+    proving the installation's key; one with another SECRET_KEY is refused there and served
+    over the channel layer. ``ROUTERPANEL_ROUTER_LINK_VIA=tcp`` stands in for another host."""
+    t = make_team(tmp_path, pg_database, redis_url)
+    with t.stack:
+        presets = t.preset("a", token_ms=100) + t.preset("b")
+        router = t.router(presets, "--models-max", "1", "--link-port", "0")
+        found = re.search(r"data path: unix:\S+ and (tcp:127\.0\.0\.1:\d+)", router.output())
+        assert found, router.output()[-2000:]
+        t.env["ROUTERPANEL_ROUTER_LINK_VIA"] = "tcp"
+        web = t.web()
+        assert f"data path to the router: socket {found[1]}" in web.output(), web.output()[-2000:]
+        for _ in range(3):
+            assert post_chat(web.url, "b").status_code == 200
+        assert acquires(web.url) == {"socket": 3, "channel": 0}
+
+        t.env["SECRET_KEY"] = "another-installation-secret-not-this-one"
+        stranger = t.web("stranger")
+        assert post_chat(stranger.url, "b").status_code == 200
+        assert acquires(web.url) == {"socket": 3, "channel": 1}
+        assert "refused a TCP connection" in router.output(), router.output()[-2000:]
+
+        answered_after = kill_with_one_queued(router, web, socket_before=3)
+        record(
+            "runrouter killed with SIGKILL, a request queued on its TCP link (team mode)",
+            queued_request_answered_503_after_s=round(answered_after, 3),
+        )
+
+
 def test_a_router_killed_mid_request_answers_503_at_once_and_the_next_one_is_used(
     tmp_path: Path,
     pg_database: str,  # noqa: F811
@@ -66,33 +134,7 @@ def test_a_router_killed_mid_request_answers_503_at_once_and_the_next_one_is_use
         presets = t.preset("a", token_ms=100) + t.preset("b")
         router = t.router(presets, "--models-max", "1")
         web = t.web()
-        answers: dict[str, Any] = {}
-
-        def ask(model: str, **kw: Any) -> None:
-            try:
-                answers[model] = post_chat(web.url, model, timeout=60, **kw)
-            except httpx.HTTPError as exc:  # a stream cut off by the child's death
-                answers[model] = exc
-            answers[f"{model}-at"] = time.monotonic()
-
-        busy = threading.Thread(target=ask, args=("a",), kwargs={"tokens": 300})
-        busy.start()
-        wait_until(lambda: b"loaded" in httpx.get(f"{web.url}/v1/models").content, 20, "a")
-        waiter = threading.Thread(target=ask, args=("b",))
-        waiter.start()  # b waits behind the busy a, on the socket
-        wait_until(lambda: acquires(web.url).get("socket") == 2, 10, "b's acquire")
-        time.sleep(0.3)
-        router.process.send_signal(signal.SIGKILL)
-        killed = time.monotonic()
-        router.process.wait(10)
-        waiter.join(20)
-        busy.join(20)
-        response = answers["b"]
-        assert isinstance(response, httpx.Response) and response.status_code == 503
-        assert "router unavailable" in response.json()["error"]["message"], response.text
-        answered_after = answers["b-at"] - killed
-        # The socket's close says it, not the heartbeat (which takes DEAD_AFTER, 6 s).
-        assert answered_after < 2.0, f"answered {answered_after:.2f} s after the kill"
+        answered_after = kill_with_one_queued(router, web, socket_before=0)
 
         t.router(presets, "--models-max", "1")  # same data dir: the stale socket is replaced
         served = until_served(web.url, "b", 30)

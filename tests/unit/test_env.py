@@ -9,6 +9,7 @@ import pytest
 from routerpanel.env import (
     EnvError,
     envbool,
+    envchoice,
     envfloat,
     envint,
     envlist,
@@ -32,6 +33,16 @@ class TestEnvbool:
     def test_it_raises_on_junk_and_names_the_variable(self) -> None:
         with pytest.raises(EnvError, match="DEBUG='maybe' is not a boolean"):
             envbool("DEBUG", False, {"DEBUG": "maybe"})
+
+
+class TestEnvchoice:
+    def test_it_reads_a_choice_in_any_case_or_the_default(self) -> None:
+        assert envchoice("VIA", ("auto", "tcp"), "auto", {"VIA": " TCP "}) == "tcp"
+        assert envchoice("VIA", ("auto", "tcp"), "auto", {}) == "auto"
+
+    def test_it_names_the_choices_for_anything_else(self) -> None:
+        with pytest.raises(EnvError, match="VIA='udp' is not one of auto, tcp"):
+            envchoice("VIA", ("auto", "tcp"), "auto", {"VIA": "udp"})
 
 
 class TestEnvint:

@@ -1,13 +1,15 @@
 """``manage.py runrouter``: the router alone, for team mode (DESIGN §2).
 
 It hosts the engine and the Channels worker for channel ``router`` on the Redis layer, and
-listens on a Unix socket in its data dir for the web processes' data path (routerlink.py),
-while ``serve --no-router`` processes answer HTTP. One router per data dir and per installation:
-``locks.RouterLock`` refuses a second one with a message naming the first, and takes over at
-once from one that was killed (``kill -9``). It outlives Redis: the listener, the heartbeat and
-the lock refresh retry until Redis is back, and the children keep running meanwhile. SIGTERM and
-SIGINT only set a flag (STYLE 16); the main coroutine then stops every child within its
-stop-timeout. It exits non-zero when it cannot go on (another router took the installation).
+listens on a Unix socket in its data dir for the web processes' data path (routerlink.py), and
+on TCP for web processes on other hosts (``--link-port``; by default when ``--advertise`` is not
+loopback), while ``serve --no-router`` processes answer HTTP. One router per data dir and per
+installation: ``locks.RouterLock`` refuses a second one with a message naming the first, and
+takes over at once from one that was killed (``kill -9``). It outlives Redis: the listener, the
+heartbeat and the lock refresh retry until Redis is back, and the children keep running
+meanwhile. SIGTERM and SIGINT only set a flag (STYLE 16); the main coroutine then stops every
+child within its stop-timeout. It exits non-zero when it cannot go on (another router took the
+installation).
 """
 
 from __future__ import annotations
@@ -46,6 +48,14 @@ class Command(BaseCommand):
             metavar="ADDR",
             default=settings.ROUTERPANEL_ADVERTISE or "127.0.0.1",
             help="the address children listen on and web processes reach them at (127.0.0.1)",
+        )
+        parser.add_argument(
+            "--link-port",
+            metavar="PORT",
+            type=int,
+            default=settings.ROUTERPANEL_LINK_PORT,
+            help="TCP port of the data path for web processes on other hosts (0: any free "
+            "port); default: any free port when --advertise is not loopback, else none",
         )
         parser.add_argument(
             "--child-keys",
@@ -110,7 +120,12 @@ class Command(BaseCommand):
             router.lock.release()
             raise CommandError(f"failed to start the router: {exc}") from None
         link = router.host.link
-        where = str(link.address) if link is not None and link.listening else "channel layer only"
+        paths = []
+        if link is not None and link.listening:
+            paths.append(str(link.address))
+        if link is not None and link.tcp_link:
+            paths.append(link.tcp_link)
+        where = " and ".join(paths) or "channel layer only"
         overrides = router.host.overrides
         node = (
             f"node {overrides.node}, children on {overrides.advertise}"
