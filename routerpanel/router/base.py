@@ -79,6 +79,7 @@ class EngineBase:
         self._drained = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._loop_task: asyncio.Task[None] | None = None
+        self._handling = False  # a command is being handled now (Inbox._submit)
         self._shutdown_task: asyncio.Future[None] | None = None
         self._closing = False
 

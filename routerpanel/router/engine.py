@@ -142,7 +142,7 @@ class Engine(Inbox):
 
     def release(self, lease_id: str) -> None:
         """Finish the leased request; idempotent."""
-        self._post(commands.Release(lease_id))
+        self._submit(commands.Release(lease_id))
 
     def drop(self, lease_id: str, *, why: str) -> None:
         """End a lease whose holder is gone (``why``: how we know); idempotent. Published as
@@ -334,7 +334,11 @@ class Engine(Inbox):
             request_id, name, actor, kind, autoload, future, renewable, priority
         )
         try:
-            return await self._call(acquire, future)
+            if kind is decisions.RequestKind.PROXY:
+                self._submit(acquire)  # at once when the inbox is empty (Inbox._submit)
+            else:  # a load answers once its spawn task ran: through the inbox, as before
+                self._post(acquire)
+            return await future
         except asyncio.CancelledError:
             self._post(commands.Leave(request_id))  # A7: leave the queue, or release a grant
             raise

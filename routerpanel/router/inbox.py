@@ -3,7 +3,9 @@
 Every public method posts a command; the supervisor's reports, the timer's ticks, memory
 samples and probe results come through the same inbox. Each is handled synchronously: the pure
 ``Scheduler`` decides and the effects layer carries the decisions out; no locks, no polling.
-After every command the timer is armed with the earliest deadline (STYLE 4).
+After every command the timer is armed with the earliest deadline (STYLE 4). An acquire or a
+release that finds the inbox empty is handled at once in its caller's task (``_submit``): the
+same order, one command at a time, without the hop through the queue.
 """
 
 from __future__ import annotations
@@ -55,16 +57,43 @@ class Inbox(HangWatch):
             try:
                 if isinstance(command, commands.Quit):
                     return
-                self._handlers[type(command)](command)
-            except Exception as exc:  # one bad command must not stop the router
-                log.exception("router engine failed on %r", command)
-                if isinstance(future := getattr(command, "future", None), asyncio.Future):
-                    fail(future, exc)  # its caller must not wait forever
+                self._handle(command)
             finally:
                 self._inbox.task_done()
-            self._rearm_timer()
-            if self._closing and not self._spawning and not self._running():
-                self._drained.set()
+
+    def _handle(self, command: commands.Command) -> None:
+        """Handle one command, then arm the timer (see module doc)."""
+        self._handling = True
+        try:
+            self._handlers[type(command)](command)
+        except Exception as exc:  # one bad command must not stop the router
+            log.exception("router engine failed on %r", command)
+            if isinstance(future := getattr(command, "future", None), asyncio.Future):
+                fail(future, exc)  # its caller must not wait forever
+        finally:
+            self._handling = False
+        self._rearm_timer()
+        if self._closing and not self._spawning and not self._running():
+            self._drained.set()
+
+    def _submit(self, command: commands.Command) -> None:
+        """A caller's command (acquire, release): handled now, in the caller's task, when that
+        cannot change the order of inputs — nothing waits in the inbox, no command is being
+        handled (this is not a call from inside a handler), and the caller runs on the engine's
+        own loop — else posted like any other. The owner task is then parked in the inbox's
+        ``get``, so handling it here is handling it next, minus two task switches (issue 16.1).
+        """
+        task = self._loop_task
+        if (
+            not self._handling
+            and self._inbox.empty()
+            and task is not None
+            and not task.done()
+            and task.get_loop() is asyncio._get_running_loop()
+        ):
+            self._handle(command)
+        else:
+            self._post(command)
 
     def _rearm_timer(self) -> None:
         watch = self._watchdog.next_deadline(self._busy())

@@ -52,6 +52,43 @@ class TestGrantQueueEvict:
         await h.idle()
         assert h.model("a")["in_flight"] == 0
 
+    async def test_with_an_empty_inbox_the_grant_is_made_in_the_callers_own_step(
+        self, h: Harness
+    ) -> None:
+        """Issue 16.1: no hop through the inbox task (one loop turn is enough to be granted;
+        through the queue it takes the owner's turn and the caller's again)."""
+        await h.warm("a")
+        task = h.acquire("a")
+        await asyncio.sleep(0)  # the task's first step, nothing else
+        assert task.done() and task.result().model == "a"
+        h.engine.release(task.result().lease_id)
+        assert h.model("a")["in_flight"] == 0  # the release, too, at once
+
+    async def test_an_acquire_behind_a_posted_command_waits_its_turn(self, h: Harness) -> None:
+        """Order of inputs: an unload already in the inbox is handled before the acquire that
+        follows it, so the acquire queues for the next instance instead of being granted on
+        the one that is stopping."""
+        await h.warm("a")
+        unloading = asyncio.ensure_future(h.engine.unload("a"))
+        task = h.acquire("a")  # created after the unload: its step runs after the unload's
+        await asyncio.sleep(0)
+        assert not task.done()  # the unload was in the inbox: the acquire was posted behind it
+        await h.idle()
+        assert unloading.done() and not task.done()
+        assert h.model("a")["stopping"]  # the acquire waits for the next instance
+
+    async def test_a_release_from_inside_a_handler_is_posted_not_nested(self, h: Harness) -> None:
+        await h.warm("a")
+        lease = await h.engine.acquire("a", request_id="r1")
+        h.engine._handling = True  # as if a handler (or a tap it calls) released it
+        try:
+            h.engine.release(lease.lease_id)
+        finally:
+            h.engine._handling = False
+        assert h.engine._inbox.qsize() == 1 and h.model("a")["in_flight"] == 1
+        await h.idle()
+        assert h.model("a")["in_flight"] == 0
+
     async def test_a_request_for_an_unloaded_model_waits_for_its_spawn_and_ready(
         self, h: Harness
     ) -> None:
