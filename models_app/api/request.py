@@ -34,6 +34,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 JSON_TYPE = b"application/json; charset=utf-8"
+WATCH_AFTER = 0.05  # seconds before a request starts watching for its client leaving
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:@/+=-]{1,128}")
 
 
@@ -94,7 +95,7 @@ class Request:
         self.client_gone = False
         self.cors = True  # False: answer without CORS headers (a refused foreign origin)
         self._query: dict[str, str] | None = None
-        self._watcher: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | asyncio.TimerHandle | None = None
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -138,17 +139,25 @@ class Request:
 
     # ---- the client leaving -----------------------------------------------------------------
 
-    def watch_disconnect(self) -> None:
+    def watch_disconnect(self, after: float | None = None) -> None:
         """From now on, cancel the handling task if the client leaves (§8.15, rule A7).
 
         Call it after the body has been read: the watcher consumes ``receive``. The handler
         then sees ``CancelledError`` wherever it waits (queued in ``acquire``, reading from the
         child) and its ``finally`` blocks cancel the waiter or release the lease. Once the
         response is finished, a disconnect (Daphne sends one after every response) is ignored.
+
+        The watcher starts ``after`` seconds from now (``WATCH_AFTER``), not at once: most
+        answers (a ``/tokenize``, a short completion) are done by then, and a task per request
+        to watch them cost as much as a tenth of the proxy's own time (issue 16.5). A client
+        that leaves is noticed at most that much later.
         """
         task = asyncio.current_task()
         assert task is not None
+        delay = WATCH_AFTER if after is None else after
+        self._watcher = asyncio.get_running_loop().call_later(delay, self._watch, task)
 
+    def _watch(self, task: asyncio.Task[Any]) -> None:
         async def watch() -> None:
             while True:
                 message = await self.receive()
