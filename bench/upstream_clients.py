@@ -7,8 +7,10 @@ kept-alive connection, in rounds that interleave the candidates (so a busy machi
 them alike); the figure is the median over rounds of each round's median per-request time.
 Candidates:
 
-* ``httpx``: what the proxy runs today (``models_app.api.upstream.ChildPool``: httpx's
-  transport, no client around it);
+* ``ours``: what the proxy runs today (``models_app.api.upstream.ChildPool`` on
+  ``models_app.api.relay``: an asyncio protocol with the ``httptools`` parser, retry-once,
+  timeouts, back-pressure);
+* ``httpx``: httpx's transport, no client around it (the proxy's client until 2026-11);
 * ``httpcore``: httpcore's connection pool used directly;
 * ``aiohttp``: aiohttp's client session (``pip install aiohttp==3.14.5``; skipped, with the
   reason printed, when it is not installed);
@@ -50,21 +52,40 @@ ROUTES = {
 }
 
 
-async def make_httpx(port: int, path: str, body: bytes) -> tuple[One, Close]:
+async def make_ours(port: int, path: str, body: bytes) -> tuple[One, Close]:
     from models_app.api.config import ApiConfig
     from models_app.api.upstream import ChildPool
+    from routerpanel.router.address import LOOPBACK, ChildAddress
 
-    pool = ChildPool(port, ApiConfig())
+    pool = ChildPool(ChildAddress(LOOPBACK, port), ApiConfig())
     headers = [(b"content-type", b"application/json")]
 
     async def one() -> bytes:
         response = await pool.send("POST", path, headers, body)
         try:
-            return await response.aread()
+            return await response.read()
         finally:
             await response.aclose()
 
     return one, pool.aclose
+
+
+async def make_httpx(port: int, path: str, body: bytes) -> tuple[One, Close]:
+    import httpx
+
+    transport = httpx.AsyncHTTPTransport()
+    url = f"http://127.0.0.1:{port}{path}"
+    headers = {"content-type": "application/json"}
+
+    async def one() -> bytes:
+        request = httpx.Request("POST", url, headers=headers, content=body)
+        response = await transport.handle_async_request(request)
+        try:
+            return await response.aread()
+        finally:
+            await response.aclose()
+
+    return one, transport.aclose
 
 
 async def make_httpcore(port: int, path: str, body: bytes) -> tuple[One, Close]:
@@ -157,6 +178,7 @@ async def make_relay(port: int, path: str, body: bytes) -> tuple[One, Close]:
 
 
 CANDIDATES: dict[str, tuple[Maker, str | None]] = {
+    "ours": (make_ours, None),
     "httpx": (make_httpx, None),
     "httpcore": (make_httpcore, None),
     "aiohttp": (make_aiohttp, "aiohttp"),
@@ -219,11 +241,11 @@ def table(figures: dict[str, dict[str, float]]) -> str:
     ]
     for path, by_name in figures.items():
         cells = []
-        base = by_name["httpx"]
+        base = by_name["ours"]
         for name in names:
             value = by_name[name]
             cells.append(
-                f"{value * 1e6:.0f}" + ("" if name == "httpx" else f" ({value / base:.2f}×)")
+                f"{value * 1e6:.0f}" + ("" if name == "ours" else f" ({value / base:.2f}×)")
             )
         lines.append(f"| `{path}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -248,7 +270,7 @@ def run(requests: int = 300, rounds: int = 5) -> str:
         figures = asyncio.run(measure(port, requests, rounds))
     return (
         f"Per request, one kept-alive connection, {requests} sequential requests × {rounds} "
-        f"rounds (median of round medians; ratio to httpx):\n\n" + table(figures)
+        f"rounds (median of round medians; ratio to ours):\n\n" + table(figures)
     )
 
 

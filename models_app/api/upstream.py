@@ -1,218 +1,130 @@
 """Keep-alive connections to the children, one pool per child, and the retry-once rule (§8.C).
 
-A pool is an ``aiohttp.ClientSession`` on its own ``TCPConnector``, made the first time a child's
+A pool is a list of idle ``relay.Connection``s to one child, made the first time a child's
 address (host, port and key: ``ChildAddress``) is granted and retired when its model shows up at
 another address (the child was restarted, and a protected one got a new key); a retired pool
 closes once its last request ends. A protected child's key goes with every request on its pool
 (issue 18); the client's own keys never do (the proxy drops them).
 
-aiohttp's client, measured against httpx's transport, httpcore and a minimal relay on one real
-llama-server (bench/upstream_clients.py), costs about a quarter of httpx's time per request and
-gets most of what a hand-written client would. The session adds nothing the client did not send
-but ``Host`` and the body's ``Content-Length`` (no ``Accept``, ``User-Agent`` or
-``Content-Type`` of its own), decompresses nothing, and follows no redirects.
+The client is our own small one on an asyncio protocol with the ``httptools`` parser
+(relay.py; issue 16.3): measured against aiohttp's client, httpcore and httpx on one real
+llama-server in one run (bench/upstream_clients.py), it costs a fraction of their time per
+request, and it sends only what the client sent plus ``Host``, ``Accept-Encoding: identity``
+(§8.11: the bytes pass through as the child made them) and the body's ``Content-Length``.
 
 llama-server (cpp-httplib) closes a keep-alive connection after a stream, after 100 requests, or
-when idle for 5 s, without saying so. A pooled connection found closed before reuse is dropped,
-but the close can race with the reuse: the request is then written to a dead socket and fails
-before any response byte (``ServerDisconnectedError`` or a reset). Such a request never reached
-the child, so it is sent once more on a connection made for it. A failure on a *new* connection
-is a real error (the child is gone or broken) and is not retried; a trace tells the two apart.
+when idle for 5 s, without saying so. A pooled connection the child closed while it was idle
+is noticed (EOF) and dropped; one idle longer than ``keepalive_expiry`` is not reused. The close
+can still race with the reuse: the request is then written to a dead socket and fails before
+any answer byte (``relay.Stale``). Such a request never reached the child, so it is sent once
+more on a connection made for it. A failure on a *new* connection is a real error (the child is
+gone or broken) and is not retried.
 
 What a client of the proxy sees of a failure is cpp-httplib's text (``UpstreamError.text``,
-§8.14), never the client library's: the proxy does not depend on which library this is.
+§8.14).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
-from types import SimpleNamespace
-from typing import Any
+import time
+from collections.abc import Sequence
 
-import aiohttp
-from multidict import CIMultiDict
-
+from models_app.api import relay
 from models_app.api.config import ApiConfig
+from models_app.api.relay import Answer, UpstreamError
 from routerpanel.router.address import ChildAddress
 
 log = logging.getLogger(__name__)
 
 Headers = Sequence[tuple[bytes, bytes]]
 
+__all__ = ["Answer", "ChildPool", "UpstreamError", "Upstreams"]
+
 # §8.11 drops the client's Accept-Encoding: the bytes pass through as the child made them.
-_IDENTITY = ("accept-encoding", "identity")
-# What aiohttp would add by itself; the child gets only what the client sent.
-_SKIP_AUTO = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
-
-# cpp-httplib's texts for the failures a client sees in "proxy error: <text>" (§8.14); the
-# first class that matches wins (more specific ones first).
-_FAILURES: tuple[tuple[type[BaseException], str], ...] = (
-    (aiohttp.ConnectionTimeoutError, "Connection timed out"),
-    (aiohttp.ClientConnectorError, "Could not establish connection"),
-    (aiohttp.SocketTimeoutError, "Read timeout"),
-    (TimeoutError, "Read timeout"),
-    (aiohttp.ServerDisconnectedError, "Failed to read connection"),
-    (aiohttp.ClientPayloadError, "Failed to read connection"),
-    (aiohttp.ClientResponseError, "Failed to read connection"),
-    (aiohttp.ClientOSError, "Failed to read connection"),
-    (aiohttp.ClientError, "Failed to read connection"),
-)
-# A reused connection that fails like this never got the request to the child: send it again.
-_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-
-
-class UpstreamError(Exception):
-    """The child could not be reached or broke off; ``text`` is cpp-httplib's wording."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-
-def _describe(exc: BaseException) -> str:
-    for kind, text in _FAILURES:
-        if isinstance(exc, kind):
-            return text
-    return str(exc) or type(exc).__name__
-
-
-class Answer:
-    """A child's answer: status and headers read, the body still to come."""
-
-    __slots__ = ("_response", "raw_headers", "status")
-
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._response = response
-        self.status = response.status
-        self.raw_headers: tuple[tuple[bytes, bytes], ...] = response.raw_headers
-
-    def header(self, name: str) -> str | None:
-        value: str | None = self._response.headers.get(name)
-        return value
-
-    def has_header(self, name: str) -> bool:
-        return name in self._response.headers
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (de-chunked); raises ``UpstreamError`` if the child breaks
-        off. Reading stops while the caller is not asking (back-pressure reaches the child)."""
-        try:
-            async for chunk in self._response.content.iter_any():
-                yield chunk
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise UpstreamError(_describe(exc)) from exc
-
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
-
-    async def aclose(self) -> None:
-        """Give the connection back when the body was read to its end; else close it (the
-        child sees the close and stops generating, §8.15)."""
-        if self._response.content.at_eof() and not self._response.content.exception():
-            self._response.release()
-        else:
-            self._response.close()
+_IDENTITY = (b"accept-encoding", b"identity")
 
 
 class ChildPool:
-    """Connections to one child: a keep-alive pool, and fresh connections for retries."""
+    """Connections to one child: idle ones kept for reuse (newest first)."""
 
     def __init__(self, address: ChildAddress, config: ApiConfig) -> None:
         self.address = address
         self.port = address.port
         self.base = address.url
-        self._auth = tuple(address.headers().items())
+        self._netloc = address.netloc
+        self._auth = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                      for k, v in address.headers().items()]  # fmt: skip
+        self._auth_names = frozenset(name for name, _ in self._auth)
         self._config = config
-        self._timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=config.connect_timeout,
-            sock_read=config.upstream_timeout,
-        )
-        self.session = self._session(keepalive=True)
-        self._fresh: aiohttp.ClientSession | None = None
+        self._idle: list[relay.Connection] = []
+        self._busy: set[relay.Connection] = set()
         self.active = 0
         self.retired = False
+        self.closed = False
         self.retries = 0  # requests sent a second time (observability and tests)
-
-    def _session(self, keepalive: bool) -> aiohttp.ClientSession:
-        trace = aiohttp.TraceConfig()
-        trace.on_connection_create_start.append(_new_connection)
-        kept: dict[str, Any] = {"keepalive_timeout": self._config.keepalive_expiry}
-        connector = aiohttp.TCPConnector(
-            limit=0,  # no cap: as many connections as requests in flight
-            use_dns_cache=False,
-            **(kept if keepalive else {"force_close": True}),
-        )
-        return aiohttp.ClientSession(
-            connector=connector,
-            timeout=self._timeout,
-            auto_decompress=False,
-            skip_auto_headers=_SKIP_AUTO,
-            trust_env=False,  # never through an HTTP(S)_PROXY: children are ours to reach
-            trace_configs=[trace],
-            raise_for_status=False,
-        )
 
     async def send(self, method: str, target: str, headers: Headers, body: bytes) -> Answer:
         """Send a request; return the answer with its body still to be read.
 
-        Raises ``UpstreamError``. aiohttp adds ``Host`` and, for a body, ``Content-Length``.
+        Raises ``UpstreamError``.
         """
-        fields = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers)
-        fields.add(*_IDENTITY)
-        for name, value in self._auth:  # the child's key, in place of anything sent as one
-            fields[name] = value
-        seen = SimpleNamespace(new=False)
+        fields = [pair for pair in headers if pair[0].lower() not in self._auth_names]
+        fields.append(_IDENTITY)
+        fields.extend(self._auth)  # the child's key, in place of anything sent as one
+        request = relay.encode_request(method, target, self._netloc, fields, body)
+        conn = self._reuse()
+        if conn is not None:
+            try:
+                return await self._exchange(conn, request, method)
+            except relay.Stale as exc:
+                log.debug("pooled connection to port %s was closed (%s): retrying once",
+                          self.port, exc)  # fmt: skip
+                self.retries += 1
+        conn = await relay.connect(
+            self.address.host, self.port, self._config.connect_timeout,
+            self._config.upstream_timeout,
+        )  # fmt: skip
         try:
-            return await self._send(self.session, method, target, fields, body, seen)
-        except _STALE as exc:
-            if seen.new:
-                raise UpstreamError(_describe(exc)) from exc
-            log.debug("pooled connection to port %s was closed (%s): retrying once", self.port, exc)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise UpstreamError(_describe(exc)) from exc
-        self.retries += 1
-        if self._fresh is None:
-            self._fresh = self._session(keepalive=False)
-        try:
-            return await self._send(self._fresh, method, target, fields, body, SimpleNamespace())
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise UpstreamError(_describe(exc)) from exc
+            return await self._exchange(conn, request, method)
+        except relay.Stale as exc:
+            raise UpstreamError(exc.text) from None
 
-    async def _send(
-        self,
-        session: aiohttp.ClientSession,
-        method: str,
-        target: str,
-        fields: CIMultiDict[str],
-        body: bytes,
-        seen: SimpleNamespace,
-    ) -> Answer:
-        response = await session.request(
-            method,
-            self.base + target,
-            headers=fields,
-            data=body if body or method in ("POST", "PUT", "PATCH") else None,
-            allow_redirects=False,
-            trace_request_ctx=seen,
-        )
-        return Answer(response)
+    def _reuse(self) -> relay.Connection | None:
+        now = time.monotonic()
+        expiry = self._config.keepalive_expiry
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.reusable(now, expiry):
+                return conn
+            conn.close()
+        return None
+
+    async def _exchange(self, conn: relay.Connection, request: bytes, method: str) -> Answer:
+        self._busy.add(conn)
+        conn.on_idle = self._back
+        try:
+            return await conn.send(request, method)
+        except BaseException:
+            self._busy.discard(conn)
+            conn.close()
+            raise
+
+    def _back(self, conn: relay.Connection) -> None:
+        """``conn`` finished its answer (relay.Connection.finished): keep it if it may serve."""
+        self._busy.discard(conn)
+        if conn.closed or self.closed:
+            conn.close()
+        else:
+            self._idle.append(conn)
 
     async def aclose(self) -> None:
-        await self.session.close()
-        if self._fresh is not None:
-            await self._fresh.close()
-
-
-async def _new_connection(
-    session: aiohttp.ClientSession, context: SimpleNamespace, params: Any
-) -> None:
-    """Trace hook: this request is on a connection made for it (a failure is not retried)."""
-    seen = context.trace_request_ctx
-    if seen is not None:
-        seen.new = True
+        self.closed = True
+        for conn in (*self._idle, *self._busy):
+            conn.close()
+        self._idle.clear()
+        self._busy.clear()
 
 
 class Upstreams:

@@ -1,0 +1,141 @@
+"""The proxy's HTTP/1.1 client (models_app/api/relay.py), spoken to by hand-written children.
+
+Framing, keep-alive, malformed answers and the retry-once rule are tested through the proxy in
+test_proxy_fastpath.py and test_api_retry.py; here what those do not reach: ``HEAD``, connect
+failures in cpp-httplib's words, back-pressure, and the request as it goes out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from models_app.api import relay
+from models_app.api.config import ApiConfig
+from models_app.api.upstream import ChildPool, UpstreamError
+from routerpanel.router.address import LOOPBACK, ChildAddress
+from tests.app.test_proxy_fastpath import RawUpstream, answering, read_request
+
+DEADLINE = 10.0
+
+
+def test_a_request_is_one_buffer_head_then_body() -> None:
+    headers = [(b"content-type", b"application/json"), (b"x-request-id", b"r1")]
+    assert relay.encode_request("POST", "/tokenize?x=1", "127.0.0.1:8080", headers, b"{}") == (
+        b"POST /tokenize?x=1 HTTP/1.1\r\nhost: 127.0.0.1:8080\r\n"
+        b"content-type: application/json\r\nx-request-id: r1\r\ncontent-length: 2\r\n\r\n{}"
+    )
+    get = relay.encode_request("GET", "/metrics", "h:1", [], b"")
+    assert get == b"GET /metrics HTTP/1.1\r\nhost: h:1\r\n\r\n"  # no body, no length
+
+
+async def test_an_answer_to_head_has_no_body_and_its_connection_is_not_reused() -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5\r\n\r\n"
+    async with RawUpstream(answering(head, head)) as child:
+        pool = ChildPool(ChildAddress(LOOPBACK, child.port), ApiConfig())
+        for _ in range(2):
+            answer = await asyncio.wait_for(pool.send("HEAD", "/health", [], b""), DEADLINE)
+            assert answer.status == 200 and answer.header("content-length") == "5"
+            assert await asyncio.wait_for(answer.read(), DEADLINE) == b""
+            await answer.aclose()
+        await pool.aclose()
+    assert child.connections == 2
+
+
+async def test_a_refused_connect_is_could_not_establish_connection() -> None:
+    async with RawUpstream(answering()) as child:
+        port = child.port
+    pool = ChildPool(ChildAddress(LOOPBACK, port), ApiConfig())  # nobody listens there now
+    with pytest.raises(UpstreamError) as failed:
+        await asyncio.wait_for(pool.send("POST", "/tokenize", [], b"{}"), DEADLINE)
+    assert failed.value.text == "Could not establish connection"
+
+
+async def test_a_connect_that_hangs_is_connection_timed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+
+    async def never(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(loop, "create_connection", never)
+    pool = ChildPool(ChildAddress(LOOPBACK, 9), ApiConfig(connect_timeout=0.1))
+    with pytest.raises(UpstreamError) as failed:
+        await asyncio.wait_for(pool.send("POST", "/tokenize", [], b"{}"), DEADLINE)
+    assert failed.value.text == "Connection timed out"
+
+
+async def test_a_child_faster_than_its_reader_is_held_back_by_tcp_not_buffered_here() -> None:
+    big = bytes(range(256)) * (32 * 1024)  # 8 MiB
+    written = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big))
+        for start in range(0, len(big), 65536):
+            writer.write(big[start : start + 65536])
+            await writer.drain()
+        written.set()
+        await reader.read()
+
+    async with RawUpstream(handler) as child:
+        pool = ChildPool(ChildAddress(LOOPBACK, child.port), ApiConfig())
+        answer = await asyncio.wait_for(pool.send("POST", "/completion", [], b"{}"), DEADLINE)
+        conn = answer._conn
+        async with asyncio.timeout(DEADLINE):
+            while not conn.paused:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert not written.is_set()  # the child waits on TCP: we stopped reading
+        assert answer._buffered <= relay.HIGH_WATER + 65536 * 4  # not 8 MiB in memory
+        body = await asyncio.wait_for(answer.read(), DEADLINE)  # reading resumes the socket
+        assert body == big and not conn.paused
+        await asyncio.wait_for(written.wait(), DEADLINE)
+        await answer.aclose()
+        await pool.aclose()
+
+
+async def test_bytes_nobody_asked_for_make_an_idle_connection_unusable() -> None:
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(ok + b"HTTP/1.1 200 OK\r\n")  # a stray extra answer
+        await read_request(reader)
+        writer.write(ok)
+        await reader.read()
+
+    async with RawUpstream(handler) as child:
+        pool = ChildPool(ChildAddress(LOOPBACK, child.port), ApiConfig())
+        first = await asyncio.wait_for(pool.send("POST", "/tokenize", [], b"{}"), DEADLINE)
+        assert await first.read() == b"ok"
+        await first.aclose()
+        await asyncio.sleep(0.1)
+        second = await asyncio.wait_for(pool.send("POST", "/tokenize", [], b"{}"), DEADLINE)
+        assert await second.read() == b"ok"
+        await second.aclose()
+        await pool.aclose()
+    assert child.connections == 2  # the first connection was not trusted again
+
+
+def test_the_same_exchanges_run_on_uvloop() -> None:
+    """``serve --http uvicorn`` runs on uvloop, whose transports are not asyncio's classes."""
+    import uvloop
+
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+    sized = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+    async def exchanges() -> int:
+        async with RawUpstream(answering(chunked, sized)) as child:
+            pool = ChildPool(ChildAddress(LOOPBACK, child.port), ApiConfig())
+            for _ in range(2):
+                answer = await asyncio.wait_for(pool.send("POST", "/x", [], b"{}"), DEADLINE)
+                assert await answer.read() == b"ok"
+                await answer.aclose()
+            await pool.aclose()
+            return child.connections
+
+    assert uvloop.run(exchanges()) == 1  # kept alive between the two
