@@ -109,12 +109,15 @@ class Answer:
         return name.lower() in self._lower
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives; raises ``UpstreamError`` if the child breaks off or goes
-        quiet for longer than the read timeout."""
-        conn = self._conn
+        """The body as it arrives (what arrived together, joined); raises ``UpstreamError`` if
+        the child breaks off or goes quiet for longer than the read timeout."""
+        conn, chunks = self._conn, self._chunks
         while True:
-            if self._chunks:
-                chunk = self._chunks.popleft()
+            if chunks:
+                # What came since the reader last ran goes on as one piece: one message to the
+                # HTTP server (and one write to the client) instead of one per chunk of the child.
+                chunk = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
                 self._buffered -= len(chunk)
                 if conn.paused and self._buffered <= LOW_WATER:
                     conn.resume()

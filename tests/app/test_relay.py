@@ -139,3 +139,29 @@ def test_the_same_exchanges_run_on_uvloop() -> None:
             return child.connections
 
     assert uvloop.run(exchanges()) == 1  # kept alive between the two
+
+
+async def test_chunks_that_arrived_together_are_read_as_one_piece() -> None:
+    more = asyncio.Event()
+
+    async def child(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n")
+        await more.wait()
+        writer.write(b"1\r\nc\r\n2\r\nde\r\n1\r\nf\r\n0\r\n\r\n")  # three chunks and the end
+        await reader.read()
+
+    async with RawUpstream(child) as upstream:
+        pool = ChildPool(ChildAddress(LOOPBACK, upstream.port), ApiConfig())
+        answer = await asyncio.wait_for(pool.send("POST", "/completion", [], b"{}"), DEADLINE)
+        pieces = answer.chunks()
+        assert await asyncio.wait_for(anext(pieces), DEADLINE) == b"ab"
+        more.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DEADLINE
+        while not answer.complete:  # all of it is in before the reader looks again
+            assert loop.time() < deadline, "the rest of the answer never came"
+            await asyncio.sleep(0.01)
+        assert [piece async for piece in pieces] == [b"cdef"]
+        await answer.aclose()
+        await pool.aclose()
