@@ -270,6 +270,9 @@ class Connection(asyncio.Protocol):
             answer.complete = True  # the body was "until close": this is its end
             self.keep = False
             answer._wake()
+        # The child closed its side: whatever was in flight has failed now, not when asyncio
+        # reports the close (returning False closes the transport; connection_lost runs again
+        # then and finds nothing left to do).
         self.connection_lost(None)
         return False
 

@@ -16,7 +16,7 @@ from models_app.api import relay
 from models_app.api.config import ApiConfig
 from models_app.api.upstream import ChildPool, UpstreamError
 from routerpanel.router.address import LOOPBACK, ChildAddress
-from tests.app.test_proxy_fastpath import RawUpstream, answering, read_request
+from tests.support.raw_upstream import RawUpstream, answering, read_request
 
 DEADLINE = 10.0
 
