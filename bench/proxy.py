@@ -56,6 +56,7 @@ CHAT = {
     "temperature": 0,
 }
 STREAM_TOKENS = 256
+TEAM = "RouterPanel team (serve --no-router + runrouter)"
 DELAYED_ACK_SUSPECT = 0.030  # s: a direct JSON answer this slow on loopback is a Nagle stall
 
 
@@ -79,9 +80,15 @@ def payload(route: str, model: str, **extra: object) -> bytes:
 
 
 def overhead(
-    child: str, targets: Sequence[Target], requests: int, rng: random.Random, table: Table
+    child: str,
+    targets: Sequence[Target],
+    requests: int,
+    rng: random.Random,
+    table: Table,
+    seen: dict[str, float] | None = None,
 ) -> dict[str, float]:
-    """Add rows for every route × reuse; return the direct medians (for the notes)."""
+    """Add rows for every route × reuse; return the direct medians (for the notes). ``seen``
+    gets each router's overhead in seconds, keyed ``"<route> <reuse|new> <label>"``."""
     direct_medians: dict[str, float] = {}
     for route, route_label in (("/tokenize", "/tokenize"), ("/v1/chat/completions", "chat 32")):
         for reuse in (True, False):
@@ -98,6 +105,8 @@ def overhead(
                 diffs = [a - b for a, b in zip(mine, base, strict=True)]
                 ratio = common.median(mine) / common.median(base)
                 table.add(*cells, common.signed_ms(common.median(diffs)), f"{ratio:.2f}")
+                if seen is not None:
+                    seen[" ".join(cells[1:4])] = common.median(diffs)
     return direct_medians
 
 
@@ -210,8 +219,15 @@ def cpu_seconds(processes: Sequence[psutil.Process]) -> float:
 
 
 def streaming(
-    child: str, targets: Sequence[Target], rounds: int, rng: random.Random, table: Table
+    child: str,
+    targets: Sequence[Target],
+    rounds: int,
+    rng: random.Random,
+    table: Table,
+    seen: dict[str, float] | None = None,
 ) -> None:
+    """Add rows for 1 and 16 streams; ``seen`` gets, for 16 streams, each router's tokens/s
+    against its direct (``"x <label>"``) and its CPU seconds per token (``"cpu <label>"``)."""
     for concurrency in (1, 16):
         results: dict[str, list[float]] = {t.label: [] for t in targets}
         cpu: dict[str, float] = dict.fromkeys((t.label for t in targets), 0.0)
@@ -231,6 +247,9 @@ def streaming(
             vs = "baseline"
             if t.baseline is not None:
                 vs = f"{tps / common.median(results[t.baseline]):.2f}"
+                if seen is not None and concurrency > 1:
+                    seen[f"x {t.label}"] = tps / common.median(results[t.baseline])
+                    seen[f"cpu {t.label}"] = cpu[t.label] / tokens[t.label]
             # One stream's rounds use a few clock ticks of CPU in all: too coarse to show.
             shown = bool(t.router_pids) and concurrency > 1
             cpu_cell = f"{cpu[t.label] / tokens[t.label] * 1e6:.0f}" if shown else ""
@@ -277,8 +296,7 @@ def real_targets(
         *targets,
         Target("direct (team's child)", common.child_port(web, MODEL), MODEL),
         Target(
-            "RouterPanel team (serve --no-router + runrouter)", web.port or 0, MODEL,
-            "direct (team's child)", (web.pid, runrouter.pid),
+            TEAM, web.port or 0, MODEL, "direct (team's child)", (web.pid, runrouter.pid)
         ),
     ]  # fmt: skip
 
@@ -307,6 +325,7 @@ def run(requests: int = 200, rounds: int = 5, seed: int = 11434) -> list[Table]:
         ["child", "streams", "target", "tokens/s", "× direct", "router CPU µs/token"],
     )
     notes: list[str] = []
+    seen: dict[str, float] = {}
     with (
         common.workdir("proxy") as work,
         Processes(work) as procs,
@@ -315,9 +334,9 @@ def run(requests: int = 200, rounds: int = 5, seed: int = 11434) -> list[Table]:
         real = real_targets(procs, work, team, notes)
         sim = sim_targets(procs, work)
         check_chat_length(real + sim)
-        overhead("llama-server", real, requests, rng, per_request)
+        overhead("llama-server", real, requests, rng, per_request, seen)
         sim_direct = overhead("simserver", sim, requests, rng, per_request)
-        streaming("llama-server", real, rounds, rng, streams)
+        streaming("llama-server", real, rounds, rng, streams, seen)
         streaming("simserver", sim, rounds, rng, streams)
     per_request.notes += notes + delayed_ack_notes(sim_direct)
     streams.notes.append(
@@ -326,7 +345,50 @@ def run(requests: int = 200, rounds: int = 5, seed: int = 11434) -> list[Table]:
         "received. One stream's rounds take a few 10 ms clock ticks of CPU in all, too coarse "
         "to show."
     )
-    return [per_request, streams]
+    return [targets_table(seen), per_request, streams]
+
+
+# ---- issue 16's targets, from the figures above ---------------------------------------------
+
+LLAMA = "llama.cpp router"
+ROUTERS = ("RouterPanel", "RouterPanel --http uvicorn", TEAM, LLAMA)
+
+
+def targets_table(seen: dict[str, float]) -> Table:
+    """One row per figure of issue 16, each router's value from this run, and the target."""
+    table = Table(
+        "The data plane against llama.cpp's router (issue 16; llama-server child, this run)",
+        ["figure", "RouterPanel (Daphne)", "--http uvicorn", "team", "llama.cpp router",
+         "target"],
+    )  # fmt: skip
+
+    def cells(key: str, scale: float | None, fmt: str) -> list[str]:
+        out = []
+        for label in ROUTERS:
+            value = seen.get(f"{key}{label}")
+            out.append("" if value is None or not scale else fmt.format(value / scale))
+        return out
+
+    for route in ("/tokenize", "chat 32"):
+        for conn in ("reuse", "new"):
+            key = f"{route} {conn} "
+            llama = seen.get(key + LLAMA)
+            table.add(f"{route}, {conn}: added ms", *cells(key, 1e-3, "{:+.2f}"), "")
+            table.add(
+                f"{route}, {conn}: added ÷ llama.cpp's", *cells(key, llama, "{:.2f}"),
+                "Daphne ≤ 1.5, uvicorn ≤ 1.0, team ≤ 2.0",
+            )  # fmt: skip
+    table.add("16 streams: tokens/s ÷ direct", *cells("x ", 1.0, "{:.2f}"), "≥ 0.92")
+    table.add("16 streams: router CPU µs per token", *cells("cpu ", 1e-6, "{:.0f}"), "")
+    llama_cpu = seen.get("cpu " + LLAMA)
+    table.add("16 streams: CPU per token ÷ llama.cpp's", *cells("cpu ", llama_cpu, "{:.2f}"),
+              "≤ 1.2")  # fmt: skip
+    table.notes.append(
+        "Added ms: median of the paired differences router − its own direct child, as in the "
+        "per-request table below; the ratios divide each router's by llama.cpp's router's from "
+        "the same run."
+    )
+    return table
 
 
 def delayed_ack_notes(direct: dict[str, float]) -> list[str]:

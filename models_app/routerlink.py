@@ -32,7 +32,9 @@ bridge's messages (messages.py) without a reply channel — ``router.acquire`` (
 ``request_id``: many requests share the connection, multiplexed by id.
 
 **Order.** The router reads a connection's lines one at a time and hands each to the engine in
-that order, so an acquire and the cancel or release that follows it are never reordered.
+that order, so an acquire and the cancel or release that follows it are never reordered. An
+acquire the engine decides on arrival (a grant on a loaded model with nobody queued, or a
+rejection) is answered while its line is handled; only one that has to wait gets a task.
 
 **Deadlines and loss.** The router drops an acquire whose sender gave up (``RouterHost.stale``:
 expired, another boot, sent while its heartbeat lapsed). When a connection closes, the router
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
     from models_app.liveness import RouterWatch
     from models_app.messages import AcquireAnswer, AcquireMessage
     from models_app.worker import RouterHost
+    from routerpanel.router.errors import Lease
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +342,11 @@ class _Peer:
                 return
             host.acquires["socket"] += 1
             acquire = cast("AcquireMessage", message)
-            self.acquires[request_id] = host._spawn(self._acquire(request_id, acquire))
+            started = host.begin_acquire(acquire)
+            if started.done():  # granted or refused at once: answered without a task
+                self.send(host.answer(request_id, started, self._granted))
+            else:
+                self.acquires[request_id] = host._spawn(self._acquire(acquire, started))
         elif kind == "router.renew":
             host.router_renew(cast(Any, message))
         elif kind == "router.release":
@@ -355,9 +362,10 @@ class _Peer:
         else:
             log.info("router link: unknown message %s", kind)
 
-    async def _acquire(self, request_id: str, message: AcquireMessage) -> None:
+    async def _acquire(self, message: AcquireMessage, started: asyncio.Future[Lease]) -> None:
+        request_id = message["request_id"]
         try:
-            await self.host.acquire(message, self.answer, self._granted)
+            await self.host.acquire(message, self.answer, self._granted, started)
         finally:
             if self.acquires.get(request_id) is asyncio.current_task():
                 del self.acquires[request_id]

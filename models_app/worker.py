@@ -64,7 +64,7 @@ from models_app.messages import (
 from models_app.metrics import Family, RouterMetrics
 from routerpanel.router.catalogue import Event
 from routerpanel.router.engine import Engine
-from routerpanel.router.errors import RouterError
+from routerpanel.router.errors import Lease, RouterError
 from routerpanel.router.feed import EngineEvent, Subscription
 from routerpanel.router.states import RUNNING
 
@@ -397,44 +397,70 @@ class RouterHost:
         message: AcquireMessage,
         answer_with: Callable[[AcquireAnswer], Awaitable[None]],
         on_grant: Callable[[str, str], None] | None = None,
+        started: asyncio.Future[Lease] | None = None,
     ) -> None:
         """Acquire for ``message`` and answer it through ``answer_with`` (a reply channel, or a
         socket: routerlink.py); "queued" first when the grant is not at once. ``on_grant``
-        (lease id, request id) is called before the grant is answered."""
+        (lease id, request id) is called before the grant is answered. ``started``: the
+        future ``begin_acquire`` returned for it, when the caller began it already."""
         request_id = message["request_id"]
-        wait = asyncio.ensure_future(
-            self._engine.acquire(
+        future = started if started is not None else self.begin_acquire(message)
+        try:
+            if not future.done():
+                done, _ = await asyncio.wait({future}, timeout=QUEUED_AFTER)
+                if not done:
+                    position = self._queue_position(message["model"])
+                    await answer_with(bridge.queued(request_id, position, self.boot))
+                    await asyncio.wait({future})
+        except asyncio.CancelledError:
+            future.cancel()
+            self._engine.cancel(request_id)  # A7: leave the queue, or release the grant
+            raise
+        finally:
+            self._acquires.pop(request_id, None)
+        await answer_with(self.answer(request_id, future, on_grant))
+
+    def begin_acquire(self, message: AcquireMessage) -> asyncio.Future[Lease]:
+        """Hand ``message``'s acquire to the engine now. The future is done on return when the
+        engine decided at once (a grant on a loaded model with nobody queued, or a rejection):
+        then the answer can go out without a task (``answer``)."""
+        try:
+            return self._engine.acquire_soon(
                 message["model"],
-                request_id=request_id,
+                request_id=message["request_id"],
                 actor=message["actor"],
                 autoload=message["autoload"],
                 priority=message.get("priority", "normal"),
             )
-        )
-        answer: AcquireAnswer
-        try:
-            done, _ = await asyncio.wait({wait}, timeout=QUEUED_AFTER)
-            if not done:
-                position = self._queue_position(message["model"])
-                await answer_with(bridge.queued(request_id, position, self.boot))
-            lease = await wait
-        except RouterError as exc:
+        except (RouterError, ValueError) as exc:  # an unknown model or priority class
+            failed: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+
+    def answer(
+        self,
+        request_id: str,
+        future: asyncio.Future[Lease],
+        on_grant: Callable[[str, str], None] | None = None,
+    ) -> AcquireAnswer:
+        """The answer to a decided acquire: granted, or rejected with the router's error."""
+        exc = future.exception()
+        if exc is not None:
+            if isinstance(exc, ValueError):  # an unknown priority class, a request id in use
+                exc = RouterError(400, "invalid_request_error", str(exc))
+            elif not isinstance(exc, RouterError):
+                log.error("acquire %s failed", request_id, exc_info=exc)
+                exc = RouterError(500, "server_error", f"router error: {exc}")
             error = bridge.error_body(exc.status, exc.message, exc.error_type)
-            answer = bridge.rejected(request_id, exc.status, error, exc.retry_after, self.boot)
-        except asyncio.CancelledError:
-            wait.cancel()
-            raise
-        else:
-            if on_grant is not None:
-                on_grant(lease.lease_id, request_id)
-            ttl = self._engine.config.lease_ttl  # not snapshot(): that builds every model's view
-            answer = bridge.granted(
-                request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot, lease.receipt,
-                host=lease.host, key=lease.key,
-            )  # fmt: skip
-        finally:
-            self._acquires.pop(request_id, None)
-        await answer_with(answer)
+            return bridge.rejected(request_id, exc.status, error, exc.retry_after, self.boot)
+        lease = future.result()
+        if on_grant is not None:
+            on_grant(lease.lease_id, request_id)
+        ttl = self._engine.config.lease_ttl  # not snapshot(): that builds every model's view
+        return bridge.granted(
+            request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot, lease.receipt,
+            host=lease.host, key=lease.key,
+        )  # fmt: skip
 
     def _queue_position(self, model: str) -> int:
         return self._engine.queue_position(model)

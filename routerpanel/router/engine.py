@@ -100,12 +100,41 @@ class Engine(Inbox):
         ``cancel(request_id)`` from elsewhere makes it raise RouterError 499. A caller in this
         process passes ``renewable=False``: its lease never expires, so it never renews.
         """
+        future = self.acquire_soon(
+            model, request_id=request_id, actor=actor, autoload=autoload, renewable=renewable,
+            priority=priority,
+        )  # fmt: skip
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.cancel(request_id)  # A7: leave the queue, or release a grant
+            raise
+
+    def acquire_soon(
+        self,
+        model: str,
+        *,
+        request_id: str,
+        actor: str = "",
+        autoload: bool = True,
+        renewable: bool = True,
+        priority: str = "normal",
+    ) -> asyncio.Future[Lease]:
+        """``acquire`` without a coroutine: the request is submitted now, and when the inbox is
+        idle it is decided now too, so the future may be done when this returns (a grant on a
+        loaded model, a rejection). Raises RouterError for an unknown model, like ``acquire``.
+
+        A caller that gives up before the future is done, or does not want the grant it holds,
+        calls ``cancel(request_id)`` (A7: it leaves the queue, or its grant is released).
+        """
         name = self._require(model, 400, "invalid_request_error")
-        kind = decisions.RequestKind.PROXY
         klass = decisions.Priority(priority)
-        lease = await self._request(name, request_id, actor, kind, autoload, renewable, klass)
-        assert lease is not None
-        return lease
+        future: asyncio.Future[Any] = self._future()
+        kind = decisions.RequestKind.PROXY
+        self._submit(
+            commands.Acquire(request_id, name, actor, kind, autoload, future, renewable, klass)
+        )  # at once when the inbox is empty (Inbox._submit)
+        return future
 
     def renew(self, lease_id: str, *, idle: float | None = None) -> bool:
         """Push the lease's expiry to now + lease_ttl; False if it is unknown (ended).
@@ -161,7 +190,7 @@ class Engine(Inbox):
         """
         name = self._require(model, 404, "not_found_error")
         load_id = f"load-{uuid.uuid4().hex}"
-        await self._request(name, load_id, actor, decisions.RequestKind.LOAD, True)
+        await self._load_request(name, load_id, actor)
 
     async def unload(self, model: str, *, actor: str = "") -> None:
         """Start stopping the model (busy or not); return without waiting for the exit."""
@@ -319,28 +348,16 @@ class Engine(Inbox):
         self._post(command)
         return await future
 
-    async def _request(
-        self,
-        name: str,
-        request_id: str,
-        actor: str,
-        kind: decisions.RequestKind,
-        autoload: bool,
-        renewable: bool = True,
-        priority: str = "normal",
-    ) -> Lease | None:
+    async def _load_request(self, name: str, load_id: str, actor: str) -> None:
+        """Queue a load like a request (A9) and wait for its grant (its spawn)."""
         future: asyncio.Future[Lease | None] = self._future()
-        acquire = commands.Acquire(
-            request_id, name, actor, kind, autoload, future, renewable, priority
-        )
+        kind = decisions.RequestKind.LOAD
+        # A load answers once its spawn task ran: through the inbox, never inline.
+        self._post(commands.Acquire(load_id, name, actor, kind, True, future))
         try:
-            if kind is decisions.RequestKind.PROXY:
-                self._submit(acquire)  # at once when the inbox is empty (Inbox._submit)
-            else:  # a load answers once its spawn task ran: through the inbox, as before
-                self._post(acquire)
-            return await future
+            await future
         except asyncio.CancelledError:
-            self._post(commands.Leave(request_id))  # A7: leave the queue, or release a grant
+            self._post(commands.Leave(load_id))  # A7: leave the queue
             raise
 
     async def _shut_down(self) -> None:

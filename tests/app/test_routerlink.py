@@ -218,6 +218,35 @@ async def test_a_closed_connection_ends_its_leases_and_queued_requests_at_once(
                 break
 
 
+async def test_an_acquire_granted_at_once_is_answered_without_a_task(
+    host: RouterHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw, _ = await Raw.open(host)
+    raw.send(acquire("first", "m1"))  # m1 loads: that grant waits, in a task
+    first = await raw.until("first", "router.granted")
+    spawned: list[str] = []
+    spawn = host._spawn
+
+    def spy(coro: Any) -> Any:
+        spawned.append(coro.__qualname__)
+        return spawn(coro)
+
+    monkeypatch.setattr(host, "_spawn", spy)
+    raw.send(acquire("hot", "m1"), acquire("nope", "no-such-model"))
+    hot = await raw.until("hot", "router.granted")
+    assert hot["caused_load"] is False and hot["lease_id"] != first["lease_id"]
+    assert (await raw.until("nope", "router.rejected"))["status"] in (400, 404)
+    assert [name for name in spawned if "acquire" in name] == []  # both decided on arrival
+    raw.send(acquire("cold", "m2"))  # models_max 1 and m1 busy: it waits, in a task
+    await raw.until("cold", "router.queued")
+    assert [name for name in spawned if "acquire" in name] == ["_Peer._acquire"]
+    assert in_flight(host) == {"m1": 2}
+    raw.send(*({"type": "router.release", "lease_id": g["lease_id"]} for g in (first, hot)))
+    await raw.until("cold", "router.granted")  # m1 idle: evicted for m2, the waiter served
+    raw.close()
+    await until(lambda: in_flight(host) == {}, "the connection's lease ended")
+
+
 async def test_an_expired_acquire_is_dropped_never_run(host: RouterHost) -> None:
     raw, _ = await Raw.open(host)
     raw.send(acquire("late", "m1", expires=time.time() - 1), acquire("fresh", "m2"))
