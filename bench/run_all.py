@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/latest.md"))
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke test")
-    parser.add_argument("--only", nargs="*", choices=["proxy", "swap", "scale", "memory", "panel"],
+    parser.add_argument("--only", nargs="*", choices=list(parts(quick=False)),
                         help="run only these parts")  # fmt: skip
     args = parser.parse_args(argv)
     started = datetime.datetime.now(datetime.UTC)

@@ -74,22 +74,15 @@ class StampingSupervisor(Supervisor):
         self._forward(event)
 
     async def spawn(
-        self,
-        name: str,
-        argv: Sequence[str],
-        env: Mapping[str, str],
-        *,
-        child_protocol: bool,
-        load_timeout: float | None,
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], **options: Any
     ) -> int:
+        """Stamp, then the real spawn with whatever options the engine passes."""
         now = time.monotonic()
         if self.last_exit is not None:
             self.overheads.append(now - self.last_exit)
             self.last_exit = None
         self._spawn_at[name] = now
-        return await super().spawn(
-            name, argv, env, child_protocol=child_protocol, load_timeout=load_timeout
-        )
+        return int(await super().spawn(name, argv, env, **options))
 
     def stop(self, name: str, stop_timeout: float) -> bool:
         self._stop_at.setdefault(name, time.monotonic())
