@@ -347,6 +347,24 @@ def start_team(
     server_bin: Path | None = None,
 ) -> tuple[Proc, Proc]:
     """Team mode: ``runrouter`` and ``serve --no-router`` over Redis and PostgreSQL."""
+    router, webs = start_team_webs(
+        procs, ini, models_max, database_url, redis_url, server_bin=server_bin
+    )
+    return router, webs[0]
+
+
+def start_team_webs(
+    procs: Processes,
+    ini: Path,
+    models_max: int,
+    database_url: str,
+    redis_url: str,
+    *,
+    server_bin: Path | None = None,
+    servers: Sequence[str] = ("daphne",),
+) -> tuple[Proc, list[Proc]]:
+    """``runrouter`` and one ``serve --no-router`` per HTTP server in ``servers``, all web
+    processes of the same router (as several web processes of one installation are)."""
     env = {"DATABASE_URL": database_url, "REDIS_URL": redis_url}
     # A Redis prefix of its own: the router's lock and heartbeat, and the channels, never meet
     # those of a test run or a real installation on the same Redis (locks.py, liveness.py).
@@ -359,12 +377,17 @@ def start_team(
         argv += ["--server-bin", str(server_bin)]
     router = procs.start("runrouter", argv, env={**env, "ROUTERPANEL_DATA_DIR": str(data)})
     wait_until(lambda: "router running" in router.output(), 180, "runrouter", router)
-    data = Path(tempfile.mkdtemp(prefix="team-web-", dir=procs.workdir))
-    port = free_port()
-    argv = [PYTHON, "manage.py", "serve", "--no-router", "--port", str(port)]
-    web = procs.start("web", argv, env={**env, "ROUTERPANEL_DATA_DIR": str(data)}, port=port)
-    wait_until(lambda: get_json(web.url, "/v1/models")["data"], 180, "web /v1/models", web)
-    return router, web
+    webs = []
+    for server in servers:
+        data = Path(tempfile.mkdtemp(prefix=f"team-web-{server}-", dir=procs.workdir))
+        port = free_port()
+        argv = [PYTHON, "manage.py", "serve", "--no-router", "--http", server, "--port", str(port)]
+        web_env = {**env, "ROUTERPANEL_DATA_DIR": str(data)}
+        web = procs.start(f"web-{server}", argv, env=web_env, port=port)
+        url = web.url
+        wait_until(lambda url=url: get_json(url, "/v1/models")["data"], 180, "web /v1/models", web)
+        webs.append(web)
+    return router, webs
 
 
 def start_llama_router(procs: Processes, server_bin: Path, ini: Path, models_max: int) -> Proc:

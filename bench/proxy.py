@@ -57,6 +57,7 @@ CHAT = {
 }
 STREAM_TOKENS = 256
 TEAM = "RouterPanel team (serve --no-router + runrouter)"
+TEAM_UV = "RouterPanel team, web on uvicorn (serve --no-router --http uvicorn)"
 DELAYED_ACK_SUSPECT = 0.030  # s: a direct JSON answer this slow on loopback is a Nagle stall
 
 
@@ -290,13 +291,16 @@ def real_targets(
     if team is None:
         notes.append("team mode: PostgreSQL or Redis not reachable on 127.0.0.1, not measured")
         return targets
-    runrouter, web = common.start_team(procs, ini, 2, *team, server_bin=server_bin)
+    runrouter, (web, web_uv) = common.start_team_webs(
+        procs, ini, 2, *team, server_bin=server_bin, servers=("daphne", "uvicorn")
+    )
     common.load_by_request(web, MODEL)
     return [
         *targets,
         Target("direct (team's child)", common.child_port(web, MODEL), MODEL),
+        Target(TEAM, web.port or 0, MODEL, "direct (team's child)", (web.pid, runrouter.pid)),
         Target(
-            TEAM, web.port or 0, MODEL, "direct (team's child)", (web.pid, runrouter.pid)
+            TEAM_UV, web_uv.port or 0, MODEL, "direct (team's child)", (web_uv.pid, runrouter.pid)
         ),
     ]  # fmt: skip
 
@@ -351,15 +355,15 @@ def run(requests: int = 200, rounds: int = 5, seed: int = 11434) -> list[Table]:
 # ---- issue 16's targets, from the figures above ---------------------------------------------
 
 LLAMA = "llama.cpp router"
-ROUTERS = ("RouterPanel", "RouterPanel --http uvicorn", TEAM, LLAMA)
+ROUTERS = ("RouterPanel", "RouterPanel --http uvicorn", TEAM, TEAM_UV, LLAMA)
 
 
 def targets_table(seen: dict[str, float]) -> Table:
     """One row per figure of issue 16, each router's value from this run, and the target."""
     table = Table(
         "The data plane against llama.cpp's router (issue 16; llama-server child, this run)",
-        ["figure", "RouterPanel (Daphne)", "--http uvicorn", "team", "llama.cpp router",
-         "target"],
+        ["figure", "RouterPanel (Daphne)", "--http uvicorn", "team", "team, web on uvicorn",
+         "llama.cpp router", "target"],
     )  # fmt: skip
 
     def cells(key: str, scale: float | None, fmt: str) -> list[str]:
