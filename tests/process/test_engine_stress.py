@@ -359,4 +359,11 @@ async def test_live_children_never_exceed_models_max_under_random_load(
     assert all(abs(d - DEAF_STOP_TIMEOUT) <= 0.5 for d in delays), delays
     crashes = [e.data for e in events if e.type == Event.MODEL_EXITED and e.data["exit_code"] == 3]
     unasked = [c for c in crashes if not c["expected"]]  # a crash racing our stop is an unload
-    assert unasked and all(not c["clean"] and c["state"] == "failed" for c in unasked), crashes
+    # After it the model is failed; or loading again, when requests were queued for it and no
+    # crash-loop back-off applied (A6 spawns the queue's head in the same step); or unloaded,
+    # when the child died and was reaped just before the engine decided to stop it (the exit is
+    # then the end of that stop, though the supervisor had not asked for it).
+    after = ("failed", "loading", "unloaded")
+    assert unasked and all(
+        not c["clean"] and c["state_before"] == "loaded" and c["state"] in after for c in unasked
+    ), [(c["state_before"], c["state"], c["clean"]) for c in crashes]
