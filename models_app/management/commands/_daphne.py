@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from daphne.server import Server
-from twisted.internet import reactor
+from twisted.internet import reactor, tcp
 from twisted.python.failure import Failure
 from twisted.web import http
 
@@ -59,6 +59,8 @@ class RouterPanelServer(Server):
         if isinstance(protocol, http.Request):
             protocol._parsePOSTFormSubmission = False
             BodyGuard(protocol, self.body_limit, self.body_timeout).install()
+            if protocol.channel is not None:
+                write_soon(protocol.channel.transport)
         super().protocol_connected(protocol)
 
     # ``serve`` prints its URL once every endpoint listens, and reports a failed listen itself
@@ -91,6 +93,61 @@ def quiet_access_log(factory: http.HTTPFactory) -> None:
 
 def _no_access_line(request: http.Request) -> None:
     """Write nothing (``HTTPFactory.log`` once ``quiet_access_log`` ran)."""
+
+
+def write_soon(transport: Any) -> None:
+    """Send what a TCP connection was given at the end of this turn of the loop, not the next.
+
+    Twisted buffers each write and asks the reactor to watch the socket for writability: on
+    asyncio, an ``add_writer`` (a system call), a turn of the loop to learn what is always true
+    of an idle socket (it can take bytes), the send, and a ``remove_writer`` (another system
+    call), for every piece of every answer — per streamed token, a quarter of what the server
+    spent. Here the connection's ``startWriting`` schedules one flush with ``call_soon`` instead:
+    writes of the same turn still leave in one send, and only what the socket would not take
+    makes Twisted watch it as before. Once per connection; a connection that is not a plain
+    TCP or Unix socket (TLS wraps its own) is left as it is.
+    """
+    if not isinstance(transport, tcp.Server) or "startWriting" in vars(transport):
+        return
+    _SoonWriter(transport).install()
+
+
+class _SoonWriter:
+    """One connection's writes, flushed at the end of the loop's turn (see ``write_soon``)."""
+
+    __slots__ = ("loop", "pending", "transport", "watch")
+
+    def __init__(self, transport: tcp.Server) -> None:
+        self.transport = transport
+        # Twisted's own startWriting: the reactor watches the socket.
+        self.watch: Callable[[], None] = transport.startWriting
+        self.loop = asyncio.get_running_loop()
+        self.pending = False
+
+    def install(self) -> None:
+        self.transport.startWriting = self.start_writing  # type: ignore[method-assign]
+
+    def start_writing(self) -> None:
+        """The transport has something to send (or to close after sending)."""
+        if self.pending or self.transport in reactor._writers:
+            return  # a flush is due, or the reactor already waits to write the rest
+        self.pending = True
+        self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Send what can be sent now, as the reactor would once told the socket is writable."""
+        self.pending = False
+        transport = self.transport
+        if not transport.connected or transport.fileno() == -1:
+            return
+        try:
+            why = transport.doWrite()  # type: ignore[no-untyped-call]
+        except Exception as error:  # the reactor's own rule for a failing doWrite
+            why = error
+        if why:
+            reactor._disconnectSelectable(transport, why, False)
+        elif transport.dataBuffer or transport._tempDataBuffer:
+            self.watch()  # the socket's buffer is full: wait for it as Twisted does
 
 
 class BodyGuard:
