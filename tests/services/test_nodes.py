@@ -8,14 +8,16 @@ the node directory. Simulated llama-servers are the children.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -30,7 +32,7 @@ from tests.serving import (
     simserver_processes,
     wait_until,
 )
-from tests.support.nodes import ADDRESSES, chat, cluster, own_redis
+from tests.support.nodes import ADDRESSES, Cluster, chat, cluster, own_redis
 
 
 @pytest.fixture
@@ -45,48 +47,65 @@ def test_requests_are_placed_per_node_and_each_node_keeps_its_own_models_max(
     marker = f"nodes-{tmp_path.name}"
     presets = "".join(sim_preset(name, marker, load_ms=100) for name in "abc")
     with cluster(tmp_path, pg_database, redis, presets) as nodes:
-        samplers = {n: LiveChildSampler(marker, s.process.pid) for n, s in nodes.routers.items()}
-        with ExitStack() as sampling:
-            for sampler in samplers.values():
-                sampling.enter_context(sampler)
-            with httpx.Client(base_url=nodes.web.url, timeout=90) as client:
+        with (
+            children_sampled(nodes, marker) as samplers,
+            httpx.Client(base_url=nodes.web.url, timeout=90) as client,
+        ):
+            assert client.post("/v1/chat/completions", json=chat("a")).status_code == 200
+            first = nodes.node_of("a")
+            assert client.post("/v1/chat/completions", json=chat("b")).status_code == 200
+            second = nodes.node_of("b")
+            print(f"placement: a on {first}, b on {second}")
+            assert {first, second} == set(ADDRESSES)  # a free slot first: the other node
+            for _ in range(3):  # a request goes where its model is loaded
                 assert client.post("/v1/chat/completions", json=chat("a")).status_code == 200
-                first = nodes.node_of("a")
-                assert client.post("/v1/chat/completions", json=chat("b")).status_code == 200
-                second = nodes.node_of("b")
-                print(f"placement: a on {first}, b on {second}")
-                assert {first, second} == set(ADDRESSES)  # a free slot first: the other node
-                for _ in range(3):  # a request goes where its model is loaded
-                    assert client.post("/v1/chat/completions", json=chat("a")).status_code == 200
-                    assert nodes.node_of("a") == first
-                # Each node has one slot: c goes to the node with the most memory left (on one
-                # machine, a coin toss) and evicts what ran there; the other node keeps its.
-                assert client.post("/v1/chat/completions", json=chat("c")).status_code == 200
-                models = nodes.models()
-                evicted, kept = ("a", "b") if models["c"]["node"] == first else ("b", "a")
-                assert models[evicted]["state"] == "unloaded", models[evicted]
-                assert models[kept]["state"] == "loaded", models[kept]
-                assert models[kept]["node"] == {"a": first, "b": second}[kept]
-                # Concurrent requests for all three never run two children on one node.
-                results: list[int] = []
+                assert nodes.node_of("a") == first
+            # Each node has one slot: c goes to the node with the most memory left (on one
+            # machine, a coin toss) and evicts what ran there; the other node keeps its.
+            assert client.post("/v1/chat/completions", json=chat("c")).status_code == 200
+            models = nodes.models()
+            evicted, kept = ("a", "b") if models["c"]["node"] == first else ("b", "a")
+            assert models[evicted]["state"] == "unloaded", models[evicted]
+            assert models[kept]["state"] == "loaded", models[kept]
+            assert models[kept]["node"] == {"a": first, "b": second}[kept]
+            # Concurrent requests for all three never run two children on one node.
+            results: list[int] = []
 
-                def ask(model: str) -> None:
-                    answer = client.post("/v1/chat/completions", json=chat(model))
-                    results.append(answer.status_code)
-                    if answer.status_code != 200:
-                        print(f"{model}: {answer.status_code} {answer.text}")
+            def ask(model: str) -> None:
+                answer = client.post("/v1/chat/completions", json=chat(model))
+                results.append(answer.status_code)
+                if answer.status_code != 200:
+                    print(f"{model}: {answer.status_code} {answer.text}")
 
-                in_threads(ask, "abcabc")
-                assert results == [200] * 6
-        for name, sampler in samplers.items():
-            peak, seen = sampler.saw()
-            print(f"{name}: at most {peak} child(ren), models {sorted(seen)}")
-            assert peak == 1, f"{name} ran {peak} children with models_max 1"
+            in_threads(ask, "abcabc")
+            assert results == [200] * 6
+        one_child_at_a_time(samplers)
         # The children listen on their node's advertised address, and the web process reached
         # them there.
         for name, address in ADDRESSES.items():
             for cmdline in nodes.children(name, marker):
                 assert cmdline[cmdline.index("--host") + 1] == address, cmdline
+
+
+@contextmanager
+def children_sampled(nodes: Cluster, marker: str) -> Iterator[dict[str, LiveChildSampler]]:
+    """Each node's live children, sampled while the block runs (node name -> sampler)."""
+    samplers = {n: LiveChildSampler(marker, s.process.pid) for n, s in nodes.routers.items()}
+    with ExitStack() as sampling:
+        for sampler in samplers.values():
+            sampling.enter_context(sampler)
+        yield samplers
+
+
+def one_child_at_a_time(samplers: dict[str, LiveChildSampler]) -> set[str]:
+    """Assert that no node (``--models-max 1``) ran two children; return every model seen."""
+    models: set[str] = set()
+    for name, sampler in samplers.items():
+        peak, seen = sampler.saw()
+        print(f"{name}: at most {peak} child(ren), models {sorted(seen)}")
+        assert peak == 1, f"{name} ran {peak} children with models_max 1"
+        models |= seen
+    return models
 
 
 def test_a_lost_node_is_seen_within_10_s_its_models_move_and_it_rejoins(
@@ -174,3 +193,78 @@ def test_children_of_keyed_nodes_refuse_anyone_but_the_router_and_the_web(
             print(f"{name}: a direct request to its child answered {direct.status_code}")
             assert direct.status_code == 401, direct.text
             assert direct.json()["error"]["type"] == "authentication_error"
+
+
+def test_a_burst_over_two_nodes_is_answered_whole_and_each_node_keeps_its_slot(
+    tmp_path: Path, pg_database: str, redis: RedisServer
+) -> None:
+    """200 concurrent chats over three models, two nodes of one slot each: every one 200, and
+    neither node ever runs a second child (the placement swaps while the rest wait)."""
+    marker = f"burst-{tmp_path.name}"
+    presets = "".join(sim_preset(name, marker, load_ms=50) for name in "abc")
+    with cluster(tmp_path, pg_database, redis, presets) as nodes:
+        with children_sampled(nodes, marker) as samplers:
+            started = time.monotonic()
+            statuses = asyncio.run(_burst(nodes.web.url, ["abc"[i % 3] for i in range(200)]))
+            took = time.monotonic() - started
+        print(f"200 concurrent chats over 2 nodes: {dict(statuses)} in {took:.1f} s")
+        assert statuses == {200: 200}, statuses
+        assert one_child_at_a_time(samplers) == set("abc")
+        assert nodes.nodes_seen() == dict.fromkeys(ADDRESSES, "live")
+
+
+async def _burst(url: str, models: list[str]) -> Counter[int]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
+        async def one(model: str) -> int:
+            answer = await client.post("/v1/chat/completions", json=chat(model))
+            if answer.status_code != 200:
+                print(f"{model}: {answer.status_code} {answer.text[:300]}")
+            return answer.status_code
+
+        return Counter(await asyncio.gather(*(one(m) for m in models)))
+
+
+def test_two_nodes_outlive_a_redis_outage_and_the_directory_heals(
+    tmp_path: Path, pg_database: str, redis: RedisServer
+) -> None:
+    """Redis (the node directory, heartbeats, events) goes away for 3 s under two nodes: no
+    request gets a 500 or hangs, no router exits, and once Redis is back both nodes are seen
+    live again and serve their models."""
+    marker = f"redis-{tmp_path.name}"
+    presets = sim_preset("a", marker) + sim_preset("b", marker)
+    with (
+        cluster(tmp_path, pg_database, redis, presets) as nodes,
+        httpx.Client(base_url=nodes.web.url, timeout=30) as client,
+    ):
+        for model in "ab":
+            assert client.post("/v1/chat/completions", json=chat(model)).status_code == 200
+        redis.kill()
+        killed = time.monotonic()
+        during: list[tuple[str, int, float]] = []
+        while time.monotonic() - killed < 3.0:
+            for model in "ab":
+                t0 = time.monotonic()
+                try:
+                    status = client.post("/v1/chat/completions", json=chat(model)).status_code
+                except httpx.HTTPError:
+                    status = 0  # no answer at all
+                during.append((model, status, time.monotonic() - t0))
+            time.sleep(0.2)
+        redis.start()
+        back = time.monotonic()
+        wait_until(lambda: nodes.nodes_seen() == dict.fromkeys(ADDRESSES, "live"), 20, "2 nodes")
+        seen_after = time.monotonic() - back
+        for model in "ab":
+            served = client.post("/v1/chat/completions", json=chat(model))
+            assert served.status_code == 200, served.text
+        served_after = time.monotonic() - back
+        statuses = Counter(status for _, status, _ in during)
+        print(f"during the outage: {dict(statuses)}, slowest {max(t for *_, t in during):.2f} s; "
+              f"both nodes live {seen_after:.1f} s and both models served {served_after:.1f} s "
+              "after Redis returned")  # fmt: skip
+        assert set(statuses) <= {200, 503}, during  # never a 500, never a dropped connection
+        assert all(took < 10 for *_, took in during), during
+        for name, router in nodes.routers.items():
+            assert router.process.poll() is None, f"{name} exited: {router.output()[-2000:]}"
