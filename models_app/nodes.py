@@ -287,17 +287,23 @@ def place(model: str | None, directory: list[Node], started: dict[str, str] | No
     """The node a request for ``model`` goes to, by placement.py's rule; ``model`` None (a call
     about no model): the first live node. ``started``: models just placed (model -> node), as
     loading there when the beats do not show them yet. Raises ``NoPlace``."""
+    return _place(model, directory, started).node
+
+
+def _place(
+    model: str | None, directory: list[Node], started: dict[str, str] | None
+) -> placement.Placement:
     live = [node for node in directory if node.live]
     if model is None:
         if not live:
             raise NoPlace(_nobody(directory))
-        return live[0].name
+        return placement.Placement(live[0].name, "a call about no model", held=True)
     eligible = [node.name for node in directory if serves(node, model)]
     if not eligible:
         raise NoPlace(f"no node serves model {model!r} ({_nobody(directory)})")
     views = [view(node, started) for node in directory]
     try:
-        return placement.place(canonical(directory, model), eligible, views).node
+        return placement.place(canonical(directory, model), eligible, views)
     except placement.NoEligibleNode as exc:
         raise NoPlace(str(exc)) from None
 
@@ -310,11 +316,13 @@ async def place_claimed(model: str | None, directory: list[Node]) -> str:
     now = time.monotonic()
     cache.started = {m: (n, until) for m, (n, until) in cache.started.items() if until > now}
     started = {m: n for m, (n, _) in cache.started.items()}
-    node = place(model, directory, started)
-    name = canonical(directory, model) if model is not None else ""
-    if model is None or name in started or held(directory, name):
-        return node
-    node = await _claim(cache, name, node, directory)
+    chosen = _place(model, directory, started)
+    if model is None or chosen.held:  # a node holds it already (P1): nothing to start
+        return chosen.node
+    name = canonical(directory, model)
+    if name in started:
+        return chosen.node
+    node = await _claim(cache, name, chosen.node, directory)
     cache.started[name] = (node, now + CLAIM_SECONDS)
     return node
 
@@ -352,18 +360,6 @@ def canonical(directory: list[Node], model: str) -> str:
         if name:
             return str(name)
     return model
-
-
-def held(directory: list[Node], model: str) -> bool:
-    """Whether a live node runs ``model`` or queues requests for it (P1 of placement.py)."""
-    for node in directory:
-        if node.live:
-            for entry in node.status.get("models", ()):
-                if entry.get("name") == model and (
-                    entry.get("state") != "unloaded" or entry.get("queue_waiters")
-                ):
-                    return True
-    return False
 
 
 def view(node: Node, started: dict[str, str] | None = None) -> placement.NodeView:

@@ -92,10 +92,12 @@ class NodeView:
 
 @dataclass(frozen=True)
 class Placement:
-    """The chosen node and why, in words for the audit log and the dashboard."""
+    """The chosen node and why, in words for the audit log and the dashboard; ``held``: P1
+    chose it (the node already holds the model), so nothing new starts there for this request."""
 
     node: str
     reason: str
+    held: bool = False
 
 
 class NoEligibleNode(LookupError):
@@ -159,7 +161,7 @@ def place(model: str, nodes: Sequence[str], views: Iterable[NodeView]) -> Placem
             holders.append((held, view.name))
     if holders:
         (_, how), name = min(holders)
-        return Placement(name, f"{how} on {name}")
+        return Placement(name, f"{how} on {name}", held=True)
     ranked = sorted(candidates, key=_rank)
     return Placement(ranked[0].name, _reason(ranked[0], ranked[1] if len(ranked) > 1 else None))
 

@@ -154,6 +154,23 @@ class TestPlacement:
         assert await nodes.place_claimed("a", second) == "n2"  # the claim in Redis holds
         nodes._caches.clear()
 
+    async def test_a_copy_being_stopped_does_not_hold_its_model_and_a_new_start_is_claimed(
+        self, settings: Any, redis_prefix: str
+    ) -> None:
+        """What a node holds is placement's P1 alone: a copy being stopped does not count, so
+        starting the model elsewhere is claimed as any cold start is; a loaded copy is not."""
+        loaded = [node("n1", status({"name": "a", "state": "loaded"})), node("n2", status())]
+        assert await nodes.place_claimed("a", loaded) == "n1"
+        assert "a" not in nodes._cache().started  # held: nothing starts, nothing claimed
+        stopping = {"name": "a", "state": "loaded", "stopping": True}
+        first = [node("n1", status(stopping)), node("n2", status(memory=10))]
+        assert await nodes.place_claimed("a", first) == "n2"  # n1's one slot is taken
+        nodes._cache().started.clear()  # as another web process, once n1's copy has gone
+        second = [node("n1", status(memory=99)), node("n2", status(memory=10))]
+        assert nodes.place("a", second) == "n1"  # what the rule alone would say now
+        assert await nodes.place_claimed("a", second) == "n2"  # the claim in Redis holds
+        nodes._caches.clear()
+
 
 class TestMerged:
     def test_a_model_known_to_two_nodes_is_listed_once_with_where_it_runs(self) -> None:

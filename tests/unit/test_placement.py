@@ -66,7 +66,7 @@ class TestP1WhereItIs:
             node("a", models_max=1, m=idle(1.0)),
             node("b", memory=64 * GIB),
         ]
-        assert place("m", (), views) == Placement("a", "loaded on a")
+        assert place("m", (), views) == Placement("a", "loaded on a", held=True)
 
     @pytest.mark.parametrize(
         ("model", "reason"),
@@ -80,7 +80,7 @@ class TestP1WhereItIs:
         self, model: ModelView, reason: str
     ) -> None:
         views = [node("a", memory=64 * GIB), node("b", m=model)]
-        assert place("m", (), views) == Placement("b", reason)
+        assert place("m", (), views) == Placement("b", reason, held=True)
 
     def test_a_loaded_copy_beats_a_loading_one(self) -> None:
         views = [node("a", m=ModelView(state="loading")), node("b", m=idle(1.0))]
