@@ -24,6 +24,7 @@ from typing import Any
 
 from django.conf import settings
 
+from models_app.singleflight import SingleFlight
 from routerpanel.router import placement
 from routerpanel.router.config import node_names_problem
 from routerpanel.router.states import DOWN
@@ -227,7 +228,7 @@ class _Cache:
         # Cold models this process placed lately -> (node, until): counted as loading there
         # until the node's beat shows them, so the next request does not place by a stale read.
         self.started: dict[str, tuple[str, float]] = {}
-        self.reading: asyncio.Future[list[Node]] | None = None
+        self.reading: SingleFlight[list[Node]] = SingleFlight()
         self.client: Any = None
 
 
@@ -250,14 +251,7 @@ async def known() -> list[Node]:
     cache = _cache()
     if time.monotonic() - cache.read_at < DIRECTORY_TTL:
         return cache.nodes
-    if cache.reading is None:
-        cache.reading = asyncio.ensure_future(_read(cache))
-    reading = cache.reading
-    try:
-        return await asyncio.shield(reading)
-    finally:
-        if reading.done() and cache.reading is reading:
-            cache.reading = None
+    return await cache.reading.run(lambda: _read(cache))
 
 
 async def _read(cache: _Cache) -> list[Node]:

@@ -64,6 +64,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from models_app.singleflight import SingleFlight
+
 if TYPE_CHECKING:
     from models_app.liveness import RouterWatch
     from models_app.messages import AcquireAnswer, AcquireMessage
@@ -476,7 +478,7 @@ class Link:
         self.address = address
         self.loop = asyncio.get_running_loop()
         self.connection: Connection | None = None
-        self._connecting: asyncio.Future[Connection | None] | None = None
+        self._connecting: SingleFlight[Connection | None] = SingleFlight()
         self._retry_at = 0.0
         self._backoff = FIRST_BACKOFF
 
@@ -485,16 +487,9 @@ class Link:
         conn = self.connection
         if conn is not None and conn.open:
             return conn
-        if self._connecting is None:
-            if time.monotonic() < self._retry_at:
-                return None
-            self._connecting = asyncio.ensure_future(self._connect(watch))
-        connecting = self._connecting
-        try:
-            return await asyncio.shield(connecting)
-        finally:
-            if connecting.done() and self._connecting is connecting:
-                self._connecting = None
+        if not self._connecting.running and time.monotonic() < self._retry_at:
+            return None
+        return await self._connecting.run(lambda: self._connect(watch))
 
     async def _connect(self, watch: RouterWatch) -> Connection | None:
         writer = None
