@@ -32,13 +32,20 @@ class CrashLoop:
         Returns the back-off in seconds, or None when the child had run long enough for the
         death to be a first failure rather than a loop (the count starts again).
         """
-        if uptime >= CRASH_WINDOW:
+        delay = self.next_delay(uptime=uptime)
+        if delay is None:
             self.clear()
             return None
         self.strikes += 1
-        delay: float = min(MAX_DELAY, FIRST_DELAY * 2.0 ** (self.strikes - 1))
         self.retry_at, self.reason = now + delay, reason
         return delay
+
+    def next_delay(self, *, uptime: float) -> float | None:
+        """The back-off a death after ``uptime`` seconds of readiness would bring (None: none),
+        without recording it: what to tell the clients of a child about to be killed."""
+        if uptime >= CRASH_WINDOW:
+            return None
+        return min(MAX_DELAY, FIRST_DELAY * 2.0**self.strikes)
 
     def remaining(self, now: float) -> float | None:
         """Seconds until a spawn is allowed again, or None when it is allowed now."""

@@ -8,6 +8,7 @@ a hang timeout), runs each probe as a task that posts ``ProbeDone`` back to the 
 from __future__ import annotations
 
 import asyncio
+import math
 
 from routerpanel.router import commands, watchdog
 from routerpanel.router.effects import Effects
@@ -70,15 +71,22 @@ class HangWatch(Effects):
         """End the hung child's requests with a clear error, then SIGKILL its group (S4)."""
         facts = self._facts.child(name)
         holders = self._callers.holders().get(name, {})
+        # The exit will be a crash-loop strike if the child was up only briefly: then the next
+        # start waits out a back-off, and the clients are told so rather than "next request".
+        hold = self._scheduler.backoff_if_died(name, now=self._clock())
+        if hold is None:
+            then = "the next request starts it again"
+        else:
+            then = f"a request starts it again after a back-off of {hold:g} s"
         text = (
             f"model name={name} stopped responding (no progress for {idle:.0f} s) and was "
-            "killed; the next request starts it again"
+            f"killed; {then}"
         )
         self._hangs[name] = {
             "model": name, "pid": facts.pid, "port": facts.port, "idle_seconds": round(idle, 3),
             "in_flight": sum(holders.values()), "holders": holders, "probe": how,
         }  # fmt: skip
-        error = RouterError(503, "unavailable_error", text, retry_after=1)
+        error = RouterError(503, "unavailable_error", text, retry_after=math.ceil(hold or 1))
         ended = self._callers.revoke(name, error)
         now = self._clock()
         self._apply(self._scheduler.child_hung(name, now=now))

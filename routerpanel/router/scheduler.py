@@ -350,6 +350,13 @@ class Scheduler(Admission):
             self._stop(m, StopReason.HUNG, Trigger(WATCHDOG_ACTOR, queue_depth=self._depth()), now)
         return self._end(now)
 
+    def backoff_if_died(self, model: str, *, now: float) -> float | None:
+        """The crash-loop back-off ``model``'s child would bring if it died now (None: none)."""
+        m = self._known(model)
+        if m.ready_at is None:
+            return None
+        return m.crashes.next_delay(uptime=now - m.ready_at)
+
     def unload(self, model: str, *, now: float, actor: str) -> list[Decision]:
         """Stop the model now, busy or not; idempotent while it is already stopping."""
         m = self._known(model)

@@ -9,10 +9,12 @@ the node directory. Simulated llama-servers are the children.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -268,3 +270,63 @@ def test_two_nodes_outlive_a_redis_outage_and_the_directory_heals(
         assert all(took < 10 for *_, took in during), during
         for name, router in nodes.routers.items():
             assert router.process.poll() is None, f"{name} exited: {router.output()[-2000:]}"
+
+
+def test_a_hung_child_on_a_node_is_killed_and_the_stream_through_the_web_says_why(
+    tmp_path: Path, pg_database: str, redis: RedisServer
+) -> None:
+    """A child on a node stops answering mid-stream (SIGSTOP): that node's watchdog kills it
+    within its hang-timeout, the client streaming through the web process gets one SSE error
+    event naming the cause (not a cut connection), and the model is served again."""
+    marker = f"hung-{tmp_path.name}"
+    presets = sim_preset("a", marker, token_ms=50, extra="hang-timeout = 2\nsim-tokens = 400\n")
+    with cluster(tmp_path, pg_database, redis, presets) as nodes:
+        lines: list[str] = []
+        got_tokens = threading.Event()
+        ended: dict[str, float] = {}
+
+        def stream() -> None:
+            body = {**chat("a", 400), "stream": True}
+            with httpx.stream(
+                "POST", f"{nodes.web.url}/v1/chat/completions", json=body, timeout=60
+            ) as answer:
+                assert answer.status_code == 200
+                for line in answer.iter_lines():
+                    lines.append(line)
+                    if len(lines) > 5:
+                        got_tokens.set()
+            ended["at"] = time.monotonic()
+
+        streamer = threading.Thread(target=stream)
+        streamer.start()
+        assert got_tokens.wait(30), "the stream never started"
+        home = str(nodes.node_of("a"))
+        (child,) = simserver_processes(marker, nodes.routers[home].process.pid)
+        os.kill(child.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        streamer.join(30)
+        assert not streamer.is_alive(), "the stream did not end"
+        took = ended["at"] - stopped
+        errors = [json.loads(x[6:]) for x in lines if x.startswith('data: {"error"')]
+        print(f"the stream ended {took:.1f} s after its child on {home} hung: {errors}")
+        assert len(errors) == 1, lines[-3:]
+        assert errors[0]["error"]["code"] == 503
+        message = errors[0]["error"]["message"]
+        assert "model name=a stopped responding" in message
+        assert message.endswith("a request starts it again after a back-off of 1 s")  # up < 60 s
+        assert took < 10
+        wait_until(lambda: not child.is_running() or child.status() == "zombie", 10, "the kill")
+        # As the stream was told: the next start waits out the back-off (a 503 that says so),
+        # then the model is served again.
+        answers: list[int] = []
+
+        def served() -> bool:
+            url = f"{nodes.web.url}/v1/chat/completions"
+            answers.append(httpx.post(url, json=chat("a"), timeout=60).status_code)
+            return answers[-1] == 200
+
+        wait_until(served, 15, "a served again")
+        print(f"answers until served again: {answers}")
+        assert set(answers) <= {200, 503}, answers
+    rows = _audit(pg_database, "hung")
+    assert [r for r in rows if r[1] == home], rows

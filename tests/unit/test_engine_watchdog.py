@@ -16,6 +16,7 @@ import pytest
 from routerpanel.router.address import ChildAddress
 from routerpanel.router.catalogue import Event
 from routerpanel.router.engine import Engine, EngineEvent
+from routerpanel.router.errors import RouterError
 from routerpanel.router.watchdog import Busy, Reading, Verdict, Watchdog, probe_gap, slots_counters
 from tests.support.engine import FakeClock, FakeSupervisor, make, preset
 
@@ -52,6 +53,7 @@ class Rig:
 async def rig() -> AsyncIterator[Rig]:
     clock, probe = FakeClock(), ScriptedProbe()
     specs = [preset("a", hang_timeout=60.0), preset("b", hang_timeout=60.0), preset("off")]
+    specs.append(preset("quick", hang_timeout=5.0))  # hangs within the crash-loop window
     engine, sup, _ = await make(*specs, start=False, clock=clock, prober=probe, models_max=1)
     r = Rig(engine, sup, clock, probe)
     sub = engine.subscribe(maxsize=10_000)
@@ -97,6 +99,9 @@ class TestTheWatchdogInTheEngine:
         error = rig.engine.why_ended(lease)
         assert error is not None and error.status == 503
         assert "model name=a stopped responding (no progress for 60 s)" in error.message
+        # It had been up for 60 s, the crash-loop window: nothing holds its next start back.
+        assert error.message.endswith("the next request starts it again")
+        assert error.retry_after == 1
         waiting = asyncio.create_task(rig.engine.acquire("b", request_id="b-1"))
         await rig.engine.until_idle()
         assert rig.sup.spawned() == ["a"]  # the slot frees at the exit, not before (A6)
@@ -106,6 +111,22 @@ class TestTheWatchdogInTheEngine:
         state = next(m for m in rig.engine.snapshot()["models"] if m["name"] == "a")
         assert (state["state"], state["in_flight"]) == ("failed", 0)
         waiting.cancel()
+
+    async def test_a_child_that_hangs_soon_after_it_started_tells_its_clients_the_back_off(
+        self, rig: Rig
+    ) -> None:
+        lease = await busy(rig, "quick")
+        rig.probe.readings = [None]
+        await rig.advance(5.0)
+        assert ("kill", "quick") in rig.sup.calls
+        error = rig.engine.why_ended(lease)
+        assert error is not None and error.status == 503
+        assert error.message.endswith("a request starts it again after a back-off of 1 s")
+        assert error.retry_after == 1
+        rig.sup.exit("quick", code=None, signal=9)
+        await rig.engine.until_idle()
+        with pytest.raises(RouterError, match="held back for 1 s"):  # as the clients were told
+            await rig.engine.acquire("quick", request_id="quick-2")
 
     async def test_bytes_on_a_request_keep_the_probe_away(self, rig: Rig) -> None:
         lease = await busy(rig)

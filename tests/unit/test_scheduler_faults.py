@@ -30,6 +30,14 @@ class TestCrashLoop:
         assert loop.died(uptime=CRASH_WINDOW, now=100.0, reason="x") is None
         assert (loop.strikes, loop.remaining(100.0)) == (0, None)
 
+    def test_next_delay_says_what_a_death_would_bring_without_recording_it(self) -> None:
+        loop = CrashLoop()
+        assert loop.next_delay(uptime=0.5) == 1.0
+        assert loop.next_delay(uptime=CRASH_WINDOW) is None  # up long enough: no strike
+        assert loop.strikes == 0
+        loop.died(uptime=0.5, now=0.0, reason="x")
+        assert loop.next_delay(uptime=0.5) == 2.0 == loop.died(uptime=0.5, now=1.0, reason="x")
+
     def test_remaining_counts_down_to_none(self) -> None:
         loop = CrashLoop()
         loop.died(uptime=0.0, now=5.0, reason="x")
