@@ -7,6 +7,7 @@ port, is stopped with SIGTERM (then SIGKILL) at teardown, and leaves no child be
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -240,3 +242,46 @@ def in_threads(target: Callable[[str], None], items: Iterable[str], timeout: flo
         thread.start()
     for thread in threads:
         thread.join(timeout)
+
+
+class StreamReader:
+    """A streamed POST read by a thread: its SSE lines, a flag once ``started_after`` lines came,
+    and when it ended (a test can then break the child mid-stream and see what the client got).
+    Use as a context manager: ``__exit__`` waits for the stream to end (bounded)."""
+
+    def __init__(self, url: str, body: dict[str, Any], started_after: int = 5) -> None:
+        import threading
+
+        self.url, self.body, self.started_after = url, body, started_after
+        self.lines: list[str] = []
+        self.started = threading.Event()
+        self.ended_at: float | None = None
+        self.status: int | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> StreamReader:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.join(30)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the stream did not end"
+
+    def wait_started(self, timeout: float = 30) -> None:
+        assert self.started.wait(timeout), f"the stream never started (status {self.status})"
+
+    def errors(self) -> list[dict[str, Any]]:
+        """The SSE error events it got."""
+        return [json.loads(x[6:]) for x in self.lines if x.startswith('data: {"error"')]
+
+    def _run(self) -> None:
+        with httpx.stream("POST", self.url, json=self.body, timeout=60) as response:
+            self.status = response.status_code
+            for line in response.iter_lines():
+                self.lines.append(line)
+                if len(self.lines) > self.started_after:
+                    self.started.set()
+        self.ended_at = time.monotonic()

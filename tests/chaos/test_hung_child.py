@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from tests.chaos.conftest import audit_rows, chat, child_of, record, wait_for_rows
-from tests.serving import LiveChildSampler, wait_until
+from tests.serving import LiveChildSampler, StreamReader, wait_until
 
 HANG = 2  # seconds: the presets' hang-timeout
 
@@ -29,35 +29,19 @@ def test_a_hung_child_is_killed_its_stream_says_why_and_the_queue_moves_on(serve
     presets = serve.preset("a", token_ms=50, extra=f"hang-timeout = {HANG}\nsim-tokens = 400\n")
     presets += serve.preset("b", extra=f"hang-timeout = {HANG}\n")
     with serve(presets, 1) as server, LiveChildSampler(serve.marker, server.process.pid) as peak:
-        lines: list[bytes] = []
-        got_tokens = threading.Event()
-        ended: dict[str, float] = {}
-
-        def stream() -> None:
-            with httpx.stream(
-                "POST", f"{server.url}/v1/chat/completions", json=chat("a", 400, True), timeout=60
-            ) as response:
-                assert response.status_code == 200
-                for line in response.iter_lines():
-                    lines.append(line.encode())
-                    if len(lines) > 5:
-                        got_tokens.set()
-            ended["stream"] = time.monotonic()
-
-        streamer = threading.Thread(target=stream)
-        streamer.start()
-        assert got_tokens.wait(30), "the stream never started"
-        child = child_of(server, serve.marker, "a")
-        os.kill(child.pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-        other = httpx.post(f"{server.url}/v1/chat/completions", json=chat("b"), timeout=60)
-        served = time.monotonic()
-        streamer.join(30)
-        assert not streamer.is_alive()
+        url = f"{server.url}/v1/chat/completions"
+        with StreamReader(url, chat("a", 400, True)) as streamed:
+            streamed.wait_started()
+            child = child_of(server, serve.marker, "a")
+            os.kill(child.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            other = httpx.post(url, json=chat("b"), timeout=60)
+            served = time.monotonic()
+        assert streamed.status == 200 and streamed.ended_at is not None
 
         assert other.status_code == 200, other.text  # the queue moved on
-        errors = [json.loads(x[6:]) for x in lines if x.startswith(b'data: {"error"')]
-        assert len(errors) == 1, lines[-3:]
+        errors = streamed.errors()
+        assert len(errors) == 1, streamed.lines[-3:]
         error = errors[0]["error"]
         assert error["code"] == 503 and error["type"] == "unavailable_error"
         assert "model name=a stopped responding (no progress for" in error["message"]
@@ -69,7 +53,7 @@ def test_a_hung_child_is_killed_its_stream_says_why_and_the_queue_moves_on(serve
         assert peak.samples > 10 and peak.maximum == 1
         record(
             "hung child (SIGSTOP mid-stream)", hang_timeout=HANG,
-            stream_error_after=round(ended["stream"] - stopped, 2),
+            stream_error_after=round(streamed.ended_at - stopped, 2),
             queued_request_served_after=round(served - stopped, 2),
             audit_rows={"hung": 1}, rows_lost=0,
         )  # fmt: skip

@@ -9,12 +9,10 @@ the node directory. Simulated llama-servers are the children.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -29,6 +27,7 @@ from tests.chaos.conftest import RedisServer
 from tests.serving import (
     ROOT,
     LiveChildSampler,
+    StreamReader,
     in_threads,
     sim_preset,
     simserver_processes,
@@ -281,35 +280,18 @@ def test_a_hung_child_on_a_node_is_killed_and_the_stream_through_the_web_says_wh
     marker = f"hung-{tmp_path.name}"
     presets = sim_preset("a", marker, token_ms=50, extra="hang-timeout = 2\nsim-tokens = 400\n")
     with cluster(tmp_path, pg_database, redis, presets) as nodes:
-        lines: list[str] = []
-        got_tokens = threading.Event()
-        ended: dict[str, float] = {}
-
-        def stream() -> None:
-            body = {**chat("a", 400), "stream": True}
-            with httpx.stream(
-                "POST", f"{nodes.web.url}/v1/chat/completions", json=body, timeout=60
-            ) as answer:
-                assert answer.status_code == 200
-                for line in answer.iter_lines():
-                    lines.append(line)
-                    if len(lines) > 5:
-                        got_tokens.set()
-            ended["at"] = time.monotonic()
-
-        streamer = threading.Thread(target=stream)
-        streamer.start()
-        assert got_tokens.wait(30), "the stream never started"
-        home = str(nodes.node_of("a"))
-        (child,) = simserver_processes(marker, nodes.routers[home].process.pid)
-        os.kill(child.pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-        streamer.join(30)
-        assert not streamer.is_alive(), "the stream did not end"
-        took = ended["at"] - stopped
-        errors = [json.loads(x[6:]) for x in lines if x.startswith('data: {"error"')]
+        url = f"{nodes.web.url}/v1/chat/completions"
+        with StreamReader(url, {**chat("a", 400), "stream": True}) as streamed:
+            streamed.wait_started()
+            home = str(nodes.node_of("a"))
+            (child,) = simserver_processes(marker, nodes.routers[home].process.pid)
+            os.kill(child.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+        assert streamed.status == 200 and streamed.ended_at is not None
+        took = streamed.ended_at - stopped
+        errors = streamed.errors()
         print(f"the stream ended {took:.1f} s after its child on {home} hung: {errors}")
-        assert len(errors) == 1, lines[-3:]
+        assert len(errors) == 1, streamed.lines[-3:]
         assert errors[0]["error"]["code"] == 503
         message = errors[0]["error"]["message"]
         assert "model name=a stopped responding" in message
@@ -321,7 +303,6 @@ def test_a_hung_child_on_a_node_is_killed_and_the_stream_through_the_web_says_wh
         answers: list[int] = []
 
         def served() -> bool:
-            url = f"{nodes.web.url}/v1/chat/completions"
             answers.append(httpx.post(url, json=chat("a"), timeout=60).status_code)
             return answers[-1] == 200
 
