@@ -291,7 +291,7 @@ def _place(
     if model is None:
         if not live:
             raise NoPlace(_nobody(directory))
-        return placement.Placement(live[0].name, "a call about no model", held=True)
+        return placement.Placement(live[0].name, "a call about no model", held=False)
     eligible = [node.name for node in directory if serves(node, model)]
     if not eligible:
         raise NoPlace(f"no node serves model {model!r} ({_nobody(directory)})")
@@ -314,8 +314,8 @@ async def place_claimed(model: str | None, directory: list[Node]) -> str:
     if model is None or chosen.held:  # a node holds it already (P1): nothing to start
         return chosen.node
     name = canonical(directory, model)
-    if name in started:
-        return chosen.node
+    if name in started:  # this process claimed it a moment ago (``chosen`` is that node):
+        return chosen.node  # no second claim until the claim expires or a beat shows it
     node = await _claim(cache, name, chosen.node, directory)
     cache.started[name] = (node, now + CLAIM_SECONDS)
     return node

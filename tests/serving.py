@@ -263,8 +263,11 @@ class StreamReader:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.join(30)
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.join(30)
+        else:  # the body's own failure is the one to report: wait, but do not assert over it
+            self._thread.join(30)
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)

@@ -73,7 +73,8 @@ class HangWatch(Effects):
         holders = self._callers.holders().get(name, {})
         # The exit will be a crash-loop strike if the child was up only briefly: then the next
         # start waits out a back-off, and the clients are told so rather than "next request".
-        hold = self._scheduler.backoff_if_died(name, now=self._clock())
+        now = self._clock()
+        hold = self._scheduler.backoff_if_died(name, now=now)
         if hold is None:
             then = "the next request starts it again"
         else:
@@ -88,7 +89,6 @@ class HangWatch(Effects):
         }  # fmt: skip
         error = RouterError(503, "unavailable_error", text, retry_after=math.ceil(hold or 1))
         ended = self._callers.revoke(name, error)
-        now = self._clock()
         self._apply(self._scheduler.child_hung(name, now=now))
         for request_id in ended:
             self._apply(self._scheduler.request_finished(request_id, now=now))
