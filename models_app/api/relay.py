@@ -171,6 +171,8 @@ class Connection(asyncio.Protocol):
         self._informational = False
         self._no_body = False  # an answer to HEAD
         self._until_close = False  # no length, not chunked: the body ends with the connection
+        self.last_read = 0.0  # loop time of the child's last bytes (or of the request)
+        self._deadline: asyncio.TimerHandle | None = None  # the read timeout's one timer
 
     # ---- the exchange -----------------------------------------------------------------------
 
@@ -186,29 +188,47 @@ class Connection(asyncio.Protocol):
         self._no_body = method == "HEAD"
         self._until_close = False
         self.requests += 1
+        self.last_read = self.loop.time()
+        if self._deadline is None:
+            self._deadline = self.loop.call_at(self.last_read + self.read_timeout, self._due)
         self.transport.write(request)
         try:
-            async with asyncio.timeout(self.read_timeout):
-                await self.head
-        except TimeoutError:
-            self.close()
-            raise UpstreamError(READ_TIMEOUT) from None
+            await self.head
         except asyncio.CancelledError:
             self.close()  # the client left while the child thought: the child sees the close
             raise
         return answer
 
     async def wait(self, answer: Answer) -> None:
-        """Wait for more of ``answer``'s body (or its end), at most the read timeout."""
+        """Wait for more of ``answer``'s body, its end or its failure (the read timeout is
+        ``_due``'s)."""
         waiter = answer._waiter = self.loop.create_future()
         try:
-            async with asyncio.timeout(self.read_timeout):
-                await waiter
-        except TimeoutError:
-            answer.error = READ_TIMEOUT
-            self.close()
+            await waiter
         finally:
             answer._waiter = None
+
+    def _due(self) -> None:
+        """The read timeout's timer: one per connection, moved lazily, not one per read.
+
+        It fails the answer when the child sent nothing for ``read_timeout`` while its reader
+        waited for it (the head, or more of the body); otherwise it is set again for when that
+        could next be true. Reading is paused (the client is behind) or the reader is busy
+        writing: the child's silence is ours, the timeout starts again. With no answer in
+        progress it stops; the next request sets it again.
+        """
+        self._deadline = None
+        answer = self.answer
+        if answer is None or self.closed:
+            return
+        now = self.loop.time()
+        waiting = (self.head is not None and not self.head.done()) or answer._waiter is not None
+        if self.paused or not waiting:
+            self.last_read = now
+        elif now - self.last_read >= self.read_timeout:
+            self._fail(READ_TIMEOUT)
+            return
+        self._deadline = self.loop.call_at(self.last_read + self.read_timeout, self._due)
 
     def finished(self, answer: Answer, whole: bool) -> None:
         """The caller is done with ``answer``: keep the connection if it can serve again."""
@@ -226,6 +246,9 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         if self.transport is not None:
             self.transport.close()
 
@@ -252,6 +275,7 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         self.got_bytes = True
+        self.last_read = self.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:

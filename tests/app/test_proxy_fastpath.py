@@ -296,3 +296,58 @@ class TestTimeouts:
         assert response.status == 500
         assert response.json()["error"]["message"] == "proxy error: Read timeout"
         await router.wait_for("router.release")
+
+    async def test_a_child_that_goes_quiet_mid_body_is_cut_off_after_the_read_timeout(
+        self, client: AsgiClient, router: FakeRouter, model_on: Callable[[int], None]
+    ) -> None:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+            await reader.read()  # and never another byte
+
+        async with RawUpstream(handler) as child:
+            model_on(child.port)
+            started = asyncio.get_running_loop().time()
+            response = await tokenize(client)
+            took = asyncio.get_running_loop().time() - started
+        assert (response.status, response.body) == (200, b"hello")  # the head went out: it ends
+        assert 0.3 <= took < 3.0
+        await router.wait_for("router.release")
+
+    async def test_a_slow_child_that_never_pauses_for_the_read_timeout_is_not_cut_off(
+        self, client: AsgiClient, model_on: Callable[[int], None]
+    ) -> None:
+        # Ten chunks 0.1 s apart: a second in all, more than three read timeouts, but no gap
+        # is one. The timeout is between two reads of the child's, not for the whole body.
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(10):
+                await asyncio.sleep(0.1)
+                writer.write(b"1\r\nx\r\n")
+            writer.write(b"0\r\n\r\n")
+            await reader.read()
+
+        async with RawUpstream(handler) as child:
+            model_on(child.port)
+            response = await tokenize(client)
+        assert (response.status, response.body) == (200, b"x" * 10)
+
+    async def test_the_read_timeout_waits_again_on_a_kept_connection(
+        self, client: AsgiClient, model_on: Callable[[int], None]
+    ) -> None:
+        # One connection, two requests 0.5 s apart (longer than the timeout): the second
+        # request's wait is measured from its own start, not from the first answer's bytes.
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            for _ in range(2):
+                await read_request(reader)
+                await asyncio.sleep(0.2)
+                writer.write(OK)
+
+        async with RawUpstream(handler) as child:
+            model_on(child.port)
+            first = await tokenize(client)
+            await asyncio.sleep(0.5)
+            second = await tokenize(client)
+        assert (first.status, second.status) == (200, 200)
+        assert child.connections == 1
