@@ -45,6 +45,7 @@ from models_app import runtime, usage
 from models_app.api import jsonbody, waiting
 from models_app.api.errors import NOT_FOUND, ApiError, dumps, error_body
 from models_app.api.lease import LeaseKeeper
+from models_app.api.pump import Pump
 from models_app.api.request import Request
 from models_app.api.sse import data_event
 from models_app.api.upstream import Answer, UpstreamError
@@ -286,11 +287,11 @@ async def send_whole(request: Request, response: Answer, body: bytes, meter: Met
 async def stream_back(
     api: Api, request: Request, response: Answer, grant: Grant, lease: LeaseKeeper, meter: Meter
 ) -> None:
-    """Relay the child's status, headers and body chunks as they arrive (§8.13).
+    """Relay the child's status, headers and body chunks as they arrive (§8.13), each chunk
+    from the callback that parsed it (pump.py).
 
     When the child gave a ``Content-Length``, the chunk that completes the body goes out with
-    the end of the response: one message to Daphne for the last part instead of two.
-    (The loop still runs to its end, without waiting, so the connection goes back to the pool.)
+    the end of the response: one message to the server for the last part instead of two.
     """
     if request.event_stream and (response.status != 200 or not is_event_stream(response)):
         chunks = [chunk async for chunk in response.chunks()]  # an error: small
@@ -303,20 +304,13 @@ async def stream_back(
         headers = response_headers(response)
         headers.extend(meter.headers())
         await request.start(response.status, headers)
-    expected = content_length(response)
-    received, last = 0, b""
+    pump = Pump(request, response, lease, meter, content_length(response))
     try:
-        async for chunk in response.chunks():
-            received += len(chunk)
-            meter.chunk(chunk)
-            lease.progress()
-            if received == expected:
-                last = chunk
-            else:
-                await request.write(chunk)
+        last = await pump.run()
     except UpstreamError as exc:  # the child died mid-response: the stream just ends (§3.6)
         log.warning("child on port %s broke off a response: %s", grant.port, exc.text)
         why = await api.router.why_ended(grant)
+        last = b""
         if why is not None and is_event_stream(response):
             last = data_event(dumps(why.body))  # SSE clients read the error
     await request.end(last)

@@ -87,6 +87,7 @@ class Answer:
         "complete",
         "error",
         "raw_headers",
+        "sink",
         "status",
     )
 
@@ -100,6 +101,9 @@ class Answer:
         self._waiter: asyncio.Future[None] | None = None
         self.complete = False  # the body's end was read
         self.error: str | None = None  # the body broke off (cpp-httplib's text)
+        # Takes each chunk as it is parsed, in the connection's callback; False: not now (the
+        # chunk is kept for ``take``). Only while nothing is kept, so the order holds (pump.py).
+        self.sink: Callable[[bytes], bool] | None = None
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (any case), or None."""
@@ -111,38 +115,56 @@ class Answer:
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives (what arrived together, joined); raises ``UpstreamError`` if
         the child breaks off or goes quiet for longer than the read timeout."""
-        conn, chunks = self._conn, self._chunks
-        while True:
-            if chunks:
-                # What came since the reader last ran goes on as one piece: one message to the
-                # HTTP server (and one write to the client) instead of one per chunk of the child.
-                chunk = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-                chunks.clear()
-                self._buffered -= len(chunk)
-                if conn.paused and self._buffered <= LOW_WATER:
-                    conn.resume()
+        while await self.more():
+            chunk = self.take()
+            if chunk is not None:
                 yield chunk
-            elif self.complete:
-                return
-            elif self.error is not None:
-                raise UpstreamError(self.error)
-            else:
-                await conn.wait(self)
+
+    def take(self) -> bytes | None:
+        """What arrived and was not taken yet, as one piece (one message to the HTTP server and
+        one write to the client instead of one per chunk of the child); None when nothing."""
+        chunks = self._chunks
+        if not chunks:
+            return None
+        chunk = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered -= len(chunk)
+        if self._conn.paused and self._buffered <= LOW_WATER:
+            self._conn.resume()
+        return chunk
+
+    async def more(self) -> bool:
+        """Wait for something to ``take``, the end or a failure (or a ``_wake`` for another
+        reason); False once the body ended and all of it was taken. Raises ``UpstreamError``
+        when the child broke off or went quiet, once what came before was taken."""
+        if not self._chunks and not self.complete and self.error is None:
+            waiter = self._waiter = self._conn.loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        if self._chunks:
+            return True
+        if self.error is not None:
+            raise UpstreamError(self.error)
+        return not self.complete
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     def _feed(self, chunk: bytes) -> None:
+        if self.sink is not None and not self._chunks and self.sink(chunk):
+            return
         self._chunks.append(chunk)
         self._buffered += len(chunk)
         if self._buffered > HIGH_WATER and not self._conn.paused:
             self._conn.pause()
-        self._wake()
+        self.wake()
 
     async def aclose(self) -> None:
         """Give the connection back when the body was read to its end; else close it (the
@@ -198,15 +220,6 @@ class Connection(asyncio.Protocol):
             self.close()  # the client left while the child thought: the child sees the close
             raise
         return answer
-
-    async def wait(self, answer: Answer) -> None:
-        """Wait for more of ``answer``'s body, its end or its failure (the read timeout is
-        ``_due``'s)."""
-        waiter = answer._waiter = self.loop.create_future()
-        try:
-            await waiter
-        finally:
-            answer._waiter = None
 
     def _due(self) -> None:
         """The read timeout's timer: one per connection, moved lazily, not one per read.
@@ -293,7 +306,7 @@ class Connection(asyncio.Protocol):
         ):
             answer.complete = True  # the body was "until close": this is its end
             self.keep = False
-            answer._wake()
+            answer.wake()
         # The child closed its side: whatever was in flight has failed now, not when asyncio
         # reports the close (returning False closes the transport; connection_lost runs again
         # then and finds nothing left to do).
@@ -310,7 +323,7 @@ class Connection(asyncio.Protocol):
             self.head.set_exception(Stale(error) if not self.got_bytes else UpstreamError(error))
         elif not answer.complete and answer.error is None:
             answer.error = READ_FAILED
-            answer._wake()
+            answer.wake()
 
     def _fail(self, text: str) -> None:
         answer = self.answer
@@ -318,7 +331,7 @@ class Connection(asyncio.Protocol):
             self.head.set_exception(UpstreamError(text))
         elif answer is not None and not answer.complete:
             answer.error = text
-            answer._wake()
+            answer.wake()
         self.close()
 
     # ---- httptools callbacks ----------------------------------------------------------------
@@ -365,7 +378,7 @@ class Connection(asyncio.Protocol):
         answer = self.answer
         if answer is not None:
             answer.complete = True
-            answer._wake()
+            answer.wake()
 
 
 async def connect(host: str, port: int, connect_timeout: float, read_timeout: float) -> Connection:

@@ -215,6 +215,11 @@ class Request:
         headers.extend(self.common_headers())
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
+    @property
+    def sender(self) -> Send:
+        """The server's ``send``, for the pump (pump.py), which runs it from a callback."""
+        return self._send
+
     async def write(self, chunk: bytes) -> None:
         await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
 
