@@ -153,6 +153,9 @@ class Api:
         self.upstreams = Upstreams(self.config)
         self.routes = route_table()
         self._request_ids: set[str] = set()
+        # The queues of the open event streams (/models/sse, sse.py): streams that never end
+        # by themselves, ended by ``end_streams`` when the server stops.
+        self.event_streams: set[asyncio.Queue[bytes]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan, when run without ProtocolTypeRouter
@@ -256,6 +259,12 @@ class Api:
 
     def release_request_id(self, request_id: str) -> None:
         self._request_ids.discard(request_id)
+
+    def end_streams(self) -> None:
+        """The server is stopping: end the event streams now (each sends its end and its
+        connection closes) rather than have the server wait for clients that never leave."""
+        for queue in self.event_streams:
+            queue.put_nowait(b"")  # sse._END
 
     async def aclose(self) -> None:
         await self.upstreams.aclose()

@@ -121,6 +121,7 @@ class LlamaEvents:
 async def stream_events(api: Api, request: Request) -> None:
     """Stream llama.cpp's model events until the client disconnects."""
     queue: asyncio.Queue[bytes] = asyncio.Queue()
+    api.event_streams.add(queue)  # Api.end_streams ends it when the server stops
     pumping = asyncio.ensure_future(_pump(api, queue, request))
     for _ in range(_SUBSCRIBE_YIELDS):
         await asyncio.sleep(0)
@@ -145,6 +146,7 @@ async def stream_events(api: Api, request: Request) -> None:
             await request.write(chunk)
         await request.end()
     finally:
+        api.event_streams.discard(queue)
         pumping.cancel()
 
 

@@ -49,3 +49,37 @@ def test_either_server_proxies_streams_and_stops_its_children(http: str, tmp_pat
         assert server.process.wait(30) == 0
         wait_until(lambda: not any(c.is_running() for c in children), 10, "children gone")
     assert "Unclosed" not in server.output(), server.output()  # connections to children closed
+
+
+@pytest.mark.parametrize("http", ["daphne", "uvicorn"])
+def test_an_open_event_stream_does_not_hold_up_stopping(http: str, tmp_path: Path) -> None:
+    # A dashboard or a script following /models/sse never leaves by itself. uvicorn waits
+    # for every open response before it stops; serve ends the event streams first, so SIGTERM
+    # stops the server in seconds (it took 30 s, the test harness's patience, before).
+    import threading
+    import time
+
+    import httpx
+
+    port = free_port()
+    with run_manage(["serve", "--demo", "--http", http], tmp_path, port=port) as server:
+        lines: list[str] = []
+        opened = threading.Event()
+
+        def follow() -> None:
+            with httpx.stream("GET", f"{server.url}/models/sse", timeout=60) as events:
+                assert events.status_code == 200
+                opened.set()
+                for line in events.iter_lines():
+                    lines.append(line)
+
+        reader = threading.Thread(target=follow, daemon=True)
+        reader.start()
+        assert opened.wait(30), "the event stream did not open"
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(30) == 0
+        took = time.monotonic() - started
+        reader.join(10)
+        assert not reader.is_alive(), "the event stream did not end with the server"
+    assert took < 10, f"stopping took {took:.1f} s with an event stream open"

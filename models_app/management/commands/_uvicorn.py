@@ -42,6 +42,7 @@ class UvicornServer:
             log_level="warning",
         )
         self._server = _Server(config)
+        self._server.on_shutdown = lambda: None
         self.listen_failure: OSError | None = None
         self.on_listening: Callable[[], None] = lambda: None
 
@@ -57,6 +58,15 @@ class UvicornServer:
             return None
         sock.set_inheritable(True)
         return sock
+
+    @property
+    def on_shutdown(self) -> Callable[[], None]:
+        """Called in the loop when the server starts to stop (serve: end the event streams)."""
+        return self._server.on_shutdown
+
+    @on_shutdown.setter
+    def on_shutdown(self, hook: Callable[[], None]) -> None:
+        self._server.on_shutdown = hook
 
     def stop(self) -> None:
         """Make the server stop (as on SIGTERM): it finishes open responses, then returns."""
@@ -99,6 +109,14 @@ class _Server(uvicorn.Server):
     has stopped, which would end the process before the router stopped its children. ``run``
     handles the signals instead (they stop the server; the router stops after it)."""
 
+    on_shutdown: Callable[[], None]
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn waits for every open response to end before it stops; ``on_shutdown`` first
+        ends those that never end by themselves (event streams: Api.end_streams)."""
+        self.on_shutdown()
+        await super().shutdown(sockets)

@@ -212,10 +212,11 @@ class Command(BaseCommand):
         self, options: dict[str, Any], router: EmbeddedRouter | None, ready: Announcement
     ) -> BaseException | None:
         from models_app.management.commands._uvicorn import UvicornServer
-        from routerpanel.asgi import application
+        from routerpanel.asgi import application, http_app
 
         server = UvicornServer(application, options["host"], options["port"])
         server.on_listening = lambda: ready.done("socket")
+        server.on_shutdown = http_app.end_streams
         if router is None:
             server.run(on_stop=lambda: _stopped(None))
         else:
