@@ -153,6 +153,9 @@ class AuditWriter:
         self._done = threading.Condition()
         self._thread: threading.Thread | None = None
         self._next_retry = 0.0
+        # Set by flush and close: try at once, back-off or not. A flag, because an attempt that
+        # fails while they ask sets _next_retry after them.
+        self._retry_now = False
         self._backoff = retry_interval
         self._down_since: float | None = None
         self.produced = 0  # rows journaled as finished (this boot)
@@ -205,7 +208,7 @@ class AuditWriter:
     def flush(self, timeout: float = 30.0) -> bool:
         """Block until every row produced so far is stored; False if the database is not back."""
         target = self.produced
-        self._next_retry = 0.0
+        self._retry_now = True  # not just _next_retry = 0: a failing attempt would overwrite it
         self._wake.set()
         with self._done:
             return self._done.wait_for(lambda: self.stored >= target, timeout)
@@ -215,7 +218,7 @@ class AuditWriter:
         if self._closing.is_set():
             return
         self._closing.set()
-        self._next_retry = 0.0
+        self._retry_now = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -233,7 +236,8 @@ class AuditWriter:
             while not self._closing.is_set():
                 self._wake.wait(self.interval)
                 self._wake.clear()
-                if time.monotonic() >= self._next_retry:
+                if self._retry_now or time.monotonic() >= self._next_retry:
+                    self._retry_now = False
                     self._drain()
             self._drain()
         finally:

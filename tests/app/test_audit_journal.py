@@ -201,6 +201,38 @@ def test_segments_rotate_and_each_row_is_stored_once(tmp_path: Path, switch: Swi
     assert [p.name for p in journal.iterdir()] == [writer.journal.current.name]
 
 
+def test_a_flush_asked_while_an_attempt_fails_is_not_put_off_by_the_back_off(
+    tmp_path: Path,
+) -> None:
+    # The attempt under way when the database comes back fails and sets the next try 30 s
+    # away. The flush asked meanwhile must still try at once (it used to wait out the back-off:
+    # a flush that returned False under load).
+    entered, release = threading.Event(), threading.Event()
+    failing = [True]
+
+    def store(rows: list[dict[str, Any]]) -> None:
+        if failing[0]:
+            entered.set()
+            release.wait(10)
+            failing[0] = False
+            raise DatabaseUnavailable("connection refused")
+        store_rows(rows)
+
+    writer = AuditWriter(tmp_path / DIR_NAME, router_id="r8", store=store, interval=0.01,
+                         retry_interval=30.0).start()  # fmt: skip
+    writer(lease_event(1))
+    assert entered.wait(10)
+    flushed: list[bool] = []
+    asking = threading.Thread(target=lambda: flushed.append(writer.flush(5)))
+    asking.start()
+    time.sleep(0.2)  # the flush has asked (it asks first thing, then waits)
+    release.set()
+    asking.join(10)
+    assert flushed == [True]
+    assert stored("r8") == [1]
+    writer.close(5.0)
+
+
 def test_a_row_with_overlong_text_is_clipped_to_its_column(writer: AuditWriter) -> None:
     data = {"lease_id": "x", "request_id": "r" * 500, "model": "m" * 300}
     writer(EngineEvent(1, Event.LEASE_EXPIRED, time.time(), data))
