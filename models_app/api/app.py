@@ -264,7 +264,7 @@ class Api:
         """The server is stopping: end the event streams now (each sends its end and its
         connection closes) rather than have the server wait for clients that never leave."""
         for queue in self.event_streams:
-            queue.put_nowait(b"")  # sse._END
+            queue.put_nowait(sse.END)
 
     async def aclose(self) -> None:
         await self.upstreams.aclose()

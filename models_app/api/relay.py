@@ -134,7 +134,7 @@ class Answer:
         return chunk
 
     async def more(self) -> bool:
-        """Wait for something to ``take``, the end or a failure (or a ``_wake`` for another
+        """Wait for something to ``take``, the end or a failure (or a ``wake`` for another
         reason); False once the body ended and all of it was taken. Raises ``UpstreamError``
         when the child broke off or went quiet, once what came before was taken."""
         if not self._chunks and not self.complete and self.error is None:

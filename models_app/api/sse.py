@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KEEP_ALIVE = b": keep-alive\n\n"
-_END = b""
+END = b""  # put on a stream's queue: the stream ends (the pump's last item, Api.end_streams)
 # Enough loop turns for the pump task to join the events group on the in-memory layer before
 # the stream opens (§10.2); on Redis the first few milliseconds of events may be missed.
 _SUBSCRIBE_YIELDS = 3
@@ -141,7 +141,7 @@ async def stream_events(api: Api, request: Request) -> None:
                 chunk = await asyncio.wait_for(queue.get(), api.config.sse_keepalive)
             except TimeoutError:
                 chunk = KEEP_ALIVE
-            if chunk == _END:
+            if chunk == END:
                 break
             await request.write(chunk)
         await request.end()
@@ -160,4 +160,4 @@ async def _pump(api: Api, queue: asyncio.Queue[bytes], request: Request) -> None
                     queue.put_nowait(b"data: " + dumps(item) + b"\n\n")
     except Exception:
         log.warning("router event stream failed; closing an SSE stream", exc_info=True)
-    queue.put_nowait(_END)
+    queue.put_nowait(END)

@@ -27,7 +27,11 @@ import uvicorn
 class UvicornServer:
     """Serve ``application`` on ``host:port`` with uvicorn; ``run`` returns when it stopped."""
 
-    def __init__(self, application: Any, host: str, port: int) -> None:
+    def __init__(
+        self, application: Any, host: str, port: int,
+        on_shutdown: Callable[[], None] = lambda: None,
+    ) -> None:  # fmt: skip
+        """``on_shutdown``: called in the loop when the server starts to stop (see _Server)."""
         self.host, self.port = host, port
         config = uvicorn.Config(
             application,
@@ -42,7 +46,7 @@ class UvicornServer:
             log_level="warning",
         )
         self._server = _Server(config)
-        self._server.on_shutdown = lambda: None
+        self._server.on_shutdown = on_shutdown
         self.listen_failure: OSError | None = None
         self.on_listening: Callable[[], None] = lambda: None
 
@@ -58,15 +62,6 @@ class UvicornServer:
             return None
         sock.set_inheritable(True)
         return sock
-
-    @property
-    def on_shutdown(self) -> Callable[[], None]:
-        """Called in the loop when the server starts to stop (serve: end the event streams)."""
-        return self._server.on_shutdown
-
-    @on_shutdown.setter
-    def on_shutdown(self, hook: Callable[[], None]) -> None:
-        self._server.on_shutdown = hook
 
     def stop(self) -> None:
         """Make the server stop (as on SIGTERM): it finishes open responses, then returns."""

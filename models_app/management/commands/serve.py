@@ -214,9 +214,10 @@ class Command(BaseCommand):
         from models_app.management.commands._uvicorn import UvicornServer
         from routerpanel.asgi import application, http_app
 
-        server = UvicornServer(application, options["host"], options["port"])
+        server = UvicornServer(
+            application, options["host"], options["port"], on_shutdown=http_app.end_streams
+        )
         server.on_listening = lambda: ready.done("socket")
-        server.on_shutdown = http_app.end_streams
         if router is None:
             server.run(on_stop=lambda: _stopped(None))
         else:
