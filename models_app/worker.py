@@ -225,11 +225,15 @@ class RouterHost:
     async def stop(self) -> None:
         """Stop every child within its stop-timeout; let the readers drain; then stop."""
         global _host
-        if _host is self:
+        registered = _host is self
+        if registered:
             _host = None
-            bridge.register_local(None)
         if self.engine is not None:
             await self.engine.shutdown()  # ends the subscriptions after their last events
+        if registered:
+            # Only now: while the engine shuts down, the proxy still asks it directly why a
+            # stream broke off (the shutdown revoked its lease); it refuses new work itself.
+            bridge.register_local(None)
         if self.link is not None:
             await self.link.stop()  # after the engine's last answers went out on it
         if self._readers:

@@ -172,9 +172,7 @@ class Callers:
         ended = [r.lease for r in self._leases.values() if r.lease.model == model]
         for lease in ended:
             self.release(lease.lease_id)
-            self._revoked[lease.lease_id] = error
-        while len(self._revoked) > REVOKED_KEPT:
-            del self._revoked[next(iter(self._revoked))]
+        self._remember(ended, error)
         return [lease.request_id for lease in ended]
 
     def lease_for(self, request_id: str) -> Lease | None:
@@ -182,6 +180,12 @@ class Callers:
         lease_id = self._by_request.get(request_id)
         record = self._leases.get(lease_id) if lease_id is not None else None
         return None if record is None else record.lease
+
+    def _remember(self, ended: list[Lease], error: RouterError) -> None:
+        for lease in ended:
+            self._revoked[lease.lease_id] = error
+        while len(self._revoked) > REVOKED_KEPT:
+            del self._revoked[next(iter(self._revoked))]
 
     def why_ended(self, lease_id: str) -> RouterError | None:
         """Return why the router ended this lease (it was revoked), or None."""
@@ -216,9 +220,11 @@ class Callers:
         return None
 
     def close(self, error: RouterError) -> None:
-        """Fail every waiter and forget every lease (shutdown)."""
+        """Fail every waiter and end every lease (shutdown); a caller whose answer then
+        breaks off learns ``error`` from ``why_ended``."""
         for request_id in list(self._waiters):
             self.reject(request_id, error)
+        self._remember([r.lease for r in self._leases.values()], error)
         self._leases.clear()
         self._by_request.clear()
         self._models.clear()

@@ -607,14 +607,20 @@ class TestStartAndShutdown:
 
     async def test_shutdown_rejects_waiters_and_stops_every_child(self, h: Harness) -> None:
         await h.warm("a", "b")
-        await h.engine.acquire("a", request_id="busy")
+        busy = await h.engine.acquire("a", request_id="busy")
         task = h.acquire("c")
         await h.idle()
+        assert h.engine.why_ended(busy.lease_id) is None
         shutdown = asyncio.create_task(h.engine.shutdown())
         await h.idle()
         with pytest.raises(RouterError) as err:
             await task
         assert err.value.status == 503
+        # A request still being answered learns why when its child's answer breaks off.
+        ended = h.engine.why_ended(busy.lease_id)
+        assert ended is not None and (ended.status, ended.message) == (
+            503, "router is shutting down"
+        )  # fmt: skip
         assert sorted(h.sup.stopped()) == ["a", "b"]  # busy or not
         assert not shutdown.done()  # it awaits the exits
         await h.exit("a")
