@@ -50,6 +50,7 @@ llama.cpp's 404 everywhere while a browser still gets the panel's page.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
@@ -156,6 +157,10 @@ class Api:
         # The queues of the open event streams (/models/sse, sse.py): streams that never end
         # by themselves, ended by ``end_streams`` when the server stops.
         self.event_streams: set[asyncio.Queue[bytes]] = set()
+        # Set by ``drain`` when the server stops: new proxied requests are refused, and the
+        # last proxied request in flight to end wakes the drain (``release_request_id``).
+        self.stopping = False
+        self._drained: asyncio.Event | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan, when run without ProtocolTypeRouter
@@ -259,6 +264,12 @@ class Api:
 
     def release_request_id(self, request_id: str) -> None:
         self._request_ids.discard(request_id)
+        if not self._request_ids and self._drained is not None:
+            self._drained.set()
+
+    def in_flight(self) -> int:
+        """Proxied requests under way: queued for their model, or being answered by it."""
+        return len(self._request_ids)
 
     def end_streams(self) -> None:
         """The server is stopping: end the event streams now (each sends its end and its
@@ -266,12 +277,30 @@ class Api:
         for queue in self.event_streams:
             queue.put_nowait(sse.END)
 
+    async def drain(self, grace: float) -> None:
+        """The server is stopping: end the event streams, refuse new proxied requests (503),
+        and give those under way up to ``grace`` seconds to end. What is still running after
+        that is ended by whoever stops the router (its clients are told why: the router's
+        shutdown revokes their leases)."""
+        self.stopping = True
+        self.end_streams()
+        if not self._request_ids:
+            return
+        self._drained = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self._drained.wait()
+
     async def aclose(self) -> None:
+        """Close the connections to the children: what still runs ends, is given a moment to
+        tell its client why and to record its usage; then the last usage rows are stored."""
         await self.upstreams.aclose()
+        await self.drain(ENDING)
         await self.usage.drain(deadline=5.0)  # the last usage rows, if the database answers
 
 
 _SUFFIXES = itertools.count(2)
+ENDING = 5.0  # seconds the requests cut by ``aclose`` get to tell their clients why
 
 
 def _prefixed(path: str) -> dict[str, Route] | None:

@@ -49,7 +49,8 @@ from models_app.api.pump import Pump
 from models_app.api.request import Request
 from models_app.api.sse import data_event
 from models_app.api.upstream import Answer, UpstreamError
-from models_app.bridge import Grant
+from models_app.bridge import Grant, RouterRejected
+from routerpanel.router.errors import unavailable
 from routerpanel.router.receipts import Receipt
 
 if TYPE_CHECKING:
@@ -147,6 +148,8 @@ async def forward(
     body asks for a stream (queue comments may go out while it waits, ``waiting``)."""
     if not model:
         raise ApiError(400, "model name is missing from the request")
+    if api.stopping:
+        raise ApiError(503, "router is shutting down")
     autoload = autoload_flag(request.query("autoload"))
     ticket = api.gate.admit(request, model)  # issue 17.1: 403 out of scope, 429 over the limit
     router_id = api.claim_request_id(request.request_id)
@@ -246,7 +249,7 @@ async def failure(api: Api, grant: Grant, exc: UpstreamError, meter: Meter) -> E
     """What a client gets when the child fails before the answer started: why the router
     ended the child (it killed it as hung), else ``proxy error: <text>`` (§8.14); with the
     receipt's headers."""
-    why = await api.router.why_ended(grant)
+    why = await why_ended(api, grant)
     error = ApiError.from_rejection(why) if why is not None else None
     if error is None:
         error = ApiError(500, f"proxy error: {exc.text}")
@@ -309,11 +312,21 @@ async def stream_back(
         last = await pump.run()
     except UpstreamError as exc:  # the child died mid-response: the stream just ends (§3.6)
         log.warning("child on port %s broke off a response: %s", grant.port, exc.text)
-        why = await api.router.why_ended(grant)
+        why = await why_ended(api, grant)
         last = b""
         if why is not None and is_event_stream(response):
             last = data_event(dumps(why.body))  # SSE clients read the error
     await request.end(last)
+
+
+async def why_ended(api: Api, grant: Grant) -> RouterRejected | None:
+    """Why the child's answer broke off, if we know: the router ended it (it killed the child
+    as hung, or it is shutting down), or this server is stopping (team mode's web side closes
+    its connections to the children once its shutdown grace is over)."""
+    why = await api.router.why_ended(grant)
+    if why is None and api.stopping:
+        why = RouterRejected.from_error(unavailable("server is shutting down"))
+    return why
 
 
 def in_stream(status: int, body: bytes) -> bytes:

@@ -351,3 +351,65 @@ class TestTimeouts:
             second = await tokenize(client)
         assert (first.status, second.status) == (200, 200)
         assert child.connections == 1
+
+
+class TestDrain:
+    """``Api.drain``: what the server's stop (serve.Stopping) asks of the API first."""
+
+    async def test_a_request_under_way_ends_the_drain_and_new_ones_are_refused(
+        self, api: Api, client: AsgiClient, model_on: Callable[[int], None]
+    ) -> None:
+        received, answer = asyncio.Event(), asyncio.Event()
+
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            received.set()
+            await answer.wait()
+            writer.write(OK)
+            await writer.drain()
+
+        async with RawUpstream(handler) as child:
+            model_on(child.port)
+            call = client.start("POST", "/tokenize", json_body={"model": "m", "content": "x"})
+            await asyncio.wait_for(received.wait(), DEADLINE)
+            assert api.in_flight() == 1
+            draining = asyncio.ensure_future(api.drain(30))
+            await asyncio.sleep(0.05)
+            assert not draining.done()  # it waits for the request under way
+
+            refused = await tokenize(client)
+            assert refused.status == 503
+            assert refused.json()["error"] == {
+                "code": 503, "message": "router is shutting down", "type": "unavailable_error"
+            }  # fmt: skip
+
+            answer.set()
+            await call.finish()
+            assert call.status == 200 and call.json() == {"ok": True}  # it ended whole
+            await asyncio.wait_for(draining, DEADLINE)  # at once, not after 30 s
+
+    async def test_the_drain_gives_up_after_its_grace(
+        self, api: Api, client: AsgiClient, model_on: Callable[[int], None]
+    ) -> None:
+        received, release = asyncio.Event(), asyncio.Event()
+
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            received.set()
+            await release.wait()
+
+        async with RawUpstream(handler) as child:
+            model_on(child.port)
+            call = client.start("POST", "/completion", json_body={"model": "m"})
+            await asyncio.wait_for(received.wait(), DEADLINE)
+            started = asyncio.get_running_loop().time()
+            await asyncio.wait_for(api.drain(0.2), DEADLINE)
+            waited = asyncio.get_running_loop().time() - started
+            assert 0.2 <= waited < 2 and api.in_flight() == 1  # still under way: not its job
+            call.disconnect()
+            release.set()
+            await call.finish()
+
+    async def test_a_drain_with_nothing_under_way_returns_at_once(self, api: Api) -> None:
+        await asyncio.wait_for(api.drain(30), 1)
+        assert api.stopping

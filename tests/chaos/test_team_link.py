@@ -186,3 +186,42 @@ def _all_rows(database: str) -> list[dict[str, Any]]:
 
     with psycopg.connect(database, row_factory=dict_row, connect_timeout=3) as conn:
         return list(conn.execute("SELECT * FROM models_app_auditevent ORDER BY id").fetchall())
+
+
+def test_a_stopping_web_process_tells_its_streams_why_and_releases_their_leases(
+    tmp_path: Path,
+    pg_database: str,  # noqa: F811
+    redis_url: str,  # noqa: F811
+) -> None:
+    """SIGTERM to team mode's web process mid-stream: after --shutdown-grace the stream ends
+    with an SSE error event (not cut mid-chunk), the web process exits, and the router, which
+    keeps running, has the lease back: the model is idle and serves the next web process."""
+    from tests.serving import StreamReader
+
+    t = make_team(tmp_path, pg_database, redis_url)
+    with t.stack:
+        t.router(t.preset("a", token_ms=50, extra="sim-tokens = 5000\n"))
+        web = t.web("web", "--shutdown-grace", "1")
+        with StreamReader(f"{web.url}/v1/chat/completions", chat("a", 5000, True)) as streamed:
+            streamed.wait_started()
+            web.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            assert web.process.wait(30) == 0
+            exited = time.monotonic() - signalled
+        assert streamed.ended_at is not None, "the stream was cut mid-chunk"
+        assert [e["error"] for e in streamed.errors()] == [
+            {"code": 503, "message": "server is shutting down", "type": "unavailable_error"}
+        ]
+        assert 1.0 <= streamed.ended_at - signalled < 5 and exited < 10
+
+        other = t.web("web2")
+
+        def in_flight() -> int:
+            models = httpx.get(f"{other.url}/v1/models", timeout=10).json()["data"]
+            return int(next(m for m in models if m["id"] == "a")["in_flight"])
+
+        wait_until(lambda: in_flight() == 0, 10, "the lease released")
+        assert post_chat(other.url, "a").status_code == 200
+        record("team web process stopped mid-stream", grace=1.0,
+               stream_error_after=round(streamed.ended_at - signalled, 2),
+               web_exited_after=round(exited, 2))  # fmt: skip

@@ -83,3 +83,63 @@ def test_an_open_event_stream_does_not_hold_up_stopping(http: str, tmp_path: Pat
         reader.join(10)
         assert not reader.is_alive(), "the event stream did not end with the server"
     assert took < 10, f"stopping took {took:.1f} s with an event stream open"
+
+
+@pytest.mark.parametrize("http", ["daphne", "uvicorn"])
+def test_sigterm_gives_requests_under_way_their_grace_then_tells_the_rest_why(
+    http: str, tmp_path: Path
+) -> None:
+    # A restart of a shared server: a stream that ends within --shutdown-grace ends whole; one
+    # that would run on is told "router is shutting down" in an SSE error event, not cut
+    # mid-chunk (Daphne cut both at once); and the server is gone within grace + stop-timeout
+    # (uvicorn used to wait for every stream to end: 116 s for a 5,000-token one).
+    import json
+    import os
+    import time
+
+    from tests.serving import StreamReader, sim_preset
+
+    grace, marker = 2.0, f"grace-{tmp_path.name}"
+    ini = tmp_path / "models.ini"
+    ini.write_text(
+        sim_preset("short", marker, token_ms=40, extra="sim-tokens = 1000\n")
+        + sim_preset("long", marker, token_ms=40, extra="sim-tokens = 5000\n")
+    )
+    args = ["serve", "--http", http, "--models-preset", str(ini), "--models-max", "2"]
+    args += ["--shutdown-grace", str(grace)]
+    with run_manage(args, tmp_path / "data", port=free_port()) as server:
+        url = f"{server.url}/v1/chat/completions"
+
+        def chat(model: str, tokens: int) -> dict[str, object]:
+            return {**CHAT, "model": model, "max_tokens": tokens, "stream": True}
+
+        with (
+            StreamReader(url, chat("long", 5000)) as long,
+            StreamReader(url, chat("short", 30), started_after=1) as short,
+        ):
+            long.wait_started()
+            short.wait_started()
+            [stuck] = [
+                p for p in psutil.Process(server.process.pid).children(recursive=True)
+                if marker in p.cmdline() and "long" in p.cmdline()
+            ]  # fmt: skip
+            server.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            # The long model's child will not finish its stream by itself when stopped: the
+            # router's stop-timeout (3 s) kills it and the proxy says why.
+            os.kill(stuck.pid, signal.SIGSTOP)
+            assert server.process.wait(30) == 0
+            gone = time.monotonic() - signalled
+
+    assert short.status == 200 and short.ended_at is not None, short.lines[-3:]
+    assert short.lines[-2] == "data: [DONE]"  # whole: 30 tokens, the last chunk, the end
+    chunks = [json.loads(x[6:]) for x in short.lines if x.startswith('data: {"choices"')]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert short.ended_at - signalled < grace
+
+    assert long.status == 200 and long.ended_at is not None, "the stream was cut mid-chunk"
+    assert [e["error"] for e in long.errors()] == [
+        {"code": 503, "message": "router is shutting down", "type": "unavailable_error"}
+    ]
+    assert grace <= long.ended_at - signalled < grace + 8
+    assert gone < grace + 10, f"stopping took {gone:.1f} s"

@@ -21,12 +21,12 @@ connection reset (closing a socket with unread data resets it).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
 from daphne.server import Server
-from twisted.internet import reactor, tcp
+from twisted.internet import defer, reactor, tcp
 from twisted.python.failure import Failure
 from twisted.web import http
 
@@ -50,10 +50,33 @@ class RouterPanelServer(Server):
     flag the argument would set is set here instead, and the guard is installed.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, stopping: Callable[[], Awaitable[Any]] | None = None, **kwargs: Any
+    ) -> None:
+        """``stopping``: the application's way of stopping (serve.Stopping), run when the
+        reactor stops, before Daphne cancels what still runs; None: nothing first."""
         super().__init__(*args, **kwargs)
         self.body_limit = ApiConfig().max_body_bytes
         self.body_timeout = body_timeout()
+        self.stopping = stopping
+        self.ports: list[Any] = []
+
+    def kill_all_applications(self) -> defer.Deferred[Any]:
+        """Daphne cancels every running request as soon as the reactor is told to stop (a
+        stream is cut mid-chunk). Here the listening sockets close first, then ``stopping``
+        gives the requests under way their grace and ends the rest with a reason; Daphne's
+        cancel is left only what that did not end."""
+
+        async def stop() -> None:
+            for port in self.ports:
+                port.stopListening()
+            if self.stopping is not None:
+                await self.stopping()
+            await defer.Deferred.asFuture(
+                super(RouterPanelServer, self).kill_all_applications(), asyncio.get_running_loop()
+            )
+
+        return defer.Deferred.fromFuture(asyncio.ensure_future(stop()))
 
     def protocol_connected(self, protocol: Any) -> None:
         if isinstance(protocol, http.Request):
@@ -70,6 +93,7 @@ class RouterPanelServer(Server):
 
     def listen_success(self, port: Any) -> None:
         quiet_access_log(self.http_factory)  # the factory has started: before any request
+        self.ports.append(port)
         super().listen_success(port)
         if len(self.listening_addresses) == len(self.endpoints) and self.on_listening:
             self.on_listening()

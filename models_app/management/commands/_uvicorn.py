@@ -28,10 +28,10 @@ class UvicornServer:
     """Serve ``application`` on ``host:port`` with uvicorn; ``run`` returns when it stopped."""
 
     def __init__(
-        self, application: Any, host: str, port: int,
-        on_shutdown: Callable[[], None] = lambda: None,
+        self, application: Any, host: str, port: int, stopping: Callable[[], Awaitable[Any]],
     ) -> None:  # fmt: skip
-        """``on_shutdown``: called in the loop when the server starts to stop (see _Server)."""
+        """``stopping``: the application's way of stopping (serve.Stopping), started when the
+        server starts to stop and awaited before ``run`` returns; idempotent."""
         self.host, self.port = host, port
         config = uvicorn.Config(
             application,
@@ -46,7 +46,7 @@ class UvicornServer:
             log_level="warning",
         )
         self._server = _Server(config)
-        self._server.on_shutdown = on_shutdown
+        self._server.stopping = self.stopping = stopping
         self.listen_failure: OSError | None = None
         self.on_listening: Callable[[], None] = lambda: None
 
@@ -67,13 +67,8 @@ class UvicornServer:
         """Make the server stop (as on SIGTERM): it finishes open responses, then returns."""
         self._server.should_exit = True
 
-    def run(
-        self,
-        *,
-        on_start: Callable[[], None] = lambda: None,
-        on_stop: Callable[[], Awaitable[Any]] | None = None,
-    ) -> None:
-        """Bind, call ``on_start`` in the loop, serve until stopped, then await ``on_stop``."""
+    def run(self, *, on_start: Callable[[], None] = lambda: None) -> None:
+        """Bind, call ``on_start`` in the loop, serve until stopped and ``stopping`` is done."""
         import uvloop
 
         sock = self.bind()
@@ -93,8 +88,7 @@ class UvicornServer:
             try:
                 await serving
             finally:
-                if on_stop is not None:
-                    await on_stop()
+                await self.stopping()  # started by the shutdown, or here if serving failed
 
         uvloop.run(main())
 
@@ -104,14 +98,16 @@ class _Server(uvicorn.Server):
     has stopped, which would end the process before the router stopped its children. ``run``
     handles the signals instead (they stop the server; the router stops after it)."""
 
-    on_shutdown: Callable[[], None]
+    stopping: Callable[[], Awaitable[Any]]
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn waits for every open response to end before it stops; ``on_shutdown`` first
-        ends those that never end by themselves (event streams: Api.end_streams)."""
-        self.on_shutdown()
+        """uvicorn stops listening, then waits for every open response to end, without a
+        deadline. ``stopping`` (started first, running meanwhile) gives them their grace and
+        then ends them: event streams at once, proxied answers when the router stops."""
+        stopping = self.stopping()
         await super().shutdown(sockets)
+        await stopping

@@ -25,7 +25,7 @@ from models_app.locks import LockHeld
 from models_app.management.commands import _inputs as inputs
 from models_app.models import Preset, RouterSettings
 from models_app.routerproc import RouterProcess, raise_open_files_limit
-from routerpanel.env import envbool, envint, envstr, split_list
+from routerpanel.env import envbool, envfloat, envint, envstr, split_list
 
 LISTEN_BACKLOG = 1024  # connections the kernel may hold before Daphne accepts them
 
@@ -74,6 +74,14 @@ class Command(BaseCommand):
             default=envstr("ROUTERPANEL_HTTP", "daphne") or "daphne",
             help="the HTTP server: daphne (Channels' own, the default) or uvicorn (faster)",
         )
+        parser.add_argument(
+            "--shutdown-grace",
+            type=float,
+            metavar="SECONDS",
+            default=envfloat("ROUTERPANEL_SHUTDOWN_GRACE", 5.0, minimum=0.0),
+            help="on SIGTERM, the time requests under way get to finish before the router "
+            "stops their models and tells them why (5)",
+        )
         parser.add_argument("--demo-if-empty", action="store_true", help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -81,6 +89,8 @@ class Command(BaseCommand):
         # Every input is checked before anything changes: a bad flag must not leave a created
         # admin (whose one-time password scrolled by) or half the sources imported behind.
         inputs.check_listen_address(options["host"], options["port"])
+        if options["shutdown_grace"] < 0:
+            raise CommandError("--shutdown-grace must be 0 or more seconds")
         if not options["no_router"]:
             inputs.check_sources(options["models_preset"], options["models_dir"])
         if not options.get("skip_checks"):
@@ -169,18 +179,11 @@ class Command(BaseCommand):
         self, options: dict[str, Any], router: EmbeddedRouter | None, ready: Announcement
     ) -> BaseException | None:
         from daphne.endpoints import build_endpoint_description_strings
-        from twisted.internet import defer, error, reactor
+        from twisted.internet import error, reactor
 
         from models_app.management.commands._daphne import RouterPanelServer
         from routerpanel.asgi import application
 
-        # Twisted declares the reactor's methods on zope interfaces, without `self`: lacking
-        # the mypy-zope plugin, mypy takes the first argument for it.
-        reactor.addSystemEventTrigger(
-            "before",
-            "shutdown",  # type: ignore[arg-type]
-            lambda: defer.Deferred.fromFuture(asyncio.ensure_future(_stopped(router))),
-        )
         if router is not None:
             embedded = router
             reactor.callWhenRunning(embedded.start)
@@ -202,6 +205,7 @@ class Command(BaseCommand):
             ],
             signal_handlers=True,
             verbosity=0,
+            stopping=Stopping(router, options["shutdown_grace"]),
         )
         server.on_listening = lambda: ready.done("socket")
         server.run()
@@ -212,28 +216,50 @@ class Command(BaseCommand):
         self, options: dict[str, Any], router: EmbeddedRouter | None, ready: Announcement
     ) -> BaseException | None:
         from models_app.management.commands._uvicorn import UvicornServer
-        from routerpanel.asgi import application, http_app
+        from routerpanel.asgi import application
 
         server = UvicornServer(
-            application, options["host"], options["port"], on_shutdown=http_app.end_streams
-        )
+            application, options["host"], options["port"],
+            stopping=Stopping(router, options["shutdown_grace"]),
+        )  # fmt: skip
         server.on_listening = lambda: ready.done("socket")
         if router is None:
-            server.run(on_stop=lambda: _stopped(None))
+            server.run()
         else:
             router.stop_server = server.stop
-            server.run(on_start=router.start, on_stop=lambda: _stopped(router))
+            server.run(on_start=router.start)
         return server.listen_failure
 
 
-async def _stopped(router: EmbeddedRouter | None) -> None:
-    """Once the server stopped taking requests: stop the router (its children), then close the
-    proxy's connections to them."""
-    from routerpanel.asgi import http_app
+class Stopping:
+    """How ``serve`` stops, under either server, once: the same steps on SIGTERM, on a failed
+    start and when the router gives up.
 
-    if router is not None:
-        await router.stop()
-    await http_app.aclose()
+    1. The server stops listening (the server does that itself); the API refuses new proxied
+       requests (503) and ends the event streams (``Api.drain``).
+    2. Requests under way get up to ``grace`` seconds to finish.
+    3. The router stops: queued requests get 503 "router is shutting down", every child is
+       stopped within its stop-timeout, and a stream still running ends with an SSE error
+       event saying so (a non-streamed answer that breaks off: a 503).
+    4. The proxy's connections to the children are closed: whatever is left ends.
+    """
+
+    def __init__(self, router: EmbeddedRouter | None, grace: float) -> None:
+        self.router, self.grace = router, grace
+        self._done: asyncio.Future[None] | None = None
+
+    def __call__(self) -> asyncio.Future[None]:
+        if self._done is None:
+            self._done = asyncio.ensure_future(self._stop())
+        return self._done
+
+    async def _stop(self) -> None:
+        from routerpanel.asgi import http_app
+
+        await http_app.drain(self.grace)
+        if self.router is not None:
+            await self.router.stop()
+        await http_app.aclose()
 
 
 class Announcement:
