@@ -17,6 +17,9 @@ def apply_data_dir(argv: list[str]) -> None:
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
     apply_data_dir(sys.argv)
+    from routerpanel import reactor
+
+    reactor.prepare(sys.argv)  # serve on Daphne: Twisted's reactor on uvloop, before Django's setup
     from django.core.management import execute_from_command_line
 
     from routerpanel.env import EnvError

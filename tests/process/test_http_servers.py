@@ -7,12 +7,14 @@ these tests run under both servers in every run, so ``make test`` alone covers t
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.serving import free_port, run_manage, wait_until
+from tests.serving import ROOT, free_port, run_manage, wait_until
 
 CHAT = {"model": "demo-small", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -143,3 +145,54 @@ def test_sigterm_gives_requests_under_way_their_grace_then_tells_the_rest_why(
     ]
     assert grace <= long.ended_at - signalled < grace + 8
     assert gone < grace + 10, f"stopping took {gone:.1f} s"
+
+
+PROBE = """
+import os, sys
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
+from routerpanel import reactor
+reactor.prepare(sys.argv[1:])
+import django
+django.setup()  # imports daphne.server, which installs its reactor unless one is installed
+from twisted.internet import reactor as installed
+print(type(installed._asyncioEventloop).__module__)
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "loop"),
+    [(["manage.py", "serve"], "uvloop"), (["manage.py", "serve", "--http", "uvicorn"], "asyncio")],
+)
+def test_daphne_keeps_the_reactor_installed_before_django_setup(
+    argv: list[str], loop: str, tmp_path: Path
+) -> None:
+    env = {"ROUTERPANEL_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv], cwd=ROOT, env=env, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().split()[-1].startswith(loop)
+
+
+@pytest.mark.parametrize("http", ["daphne", "uvicorn"])
+def test_a_child_killed_is_seen_and_ctrl_c_stops_the_server(http: str, tmp_path: Path) -> None:
+    # Both servers run the router on uvloop (Daphne through Twisted's reactor on it, reactor.py):
+    # a child's exit is seen, and SIGINT, handled by the loop, stops the server and its children.
+    def status(client: object) -> str:
+        models = client.get("/v1/models").json()["data"]  # type: ignore[attr-defined]
+        return str(next(m for m in models if m["id"] == "demo-small")["status"]["value"])
+
+    with run_manage(["serve", "--demo", "--http", http], tmp_path, port=free_port()) as server:
+        with server.client() as client:
+            assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+            [child] = psutil.Process(server.process.pid).children(recursive=True)
+            child.kill()
+            wait_until(lambda: status(client) != "loaded", 10, "the dead child seen")
+            # Up less than 60 s: a crash-loop strike, so an explicit load starts it again.
+            assert client.post("/models/load", json={"model": "demo-small"}).is_success
+            wait_until(lambda: status(client) == "loaded", 20, "started again")
+            assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+        children = psutil.Process(server.process.pid).children(recursive=True)
+        server.process.send_signal(signal.SIGINT)
+        assert server.process.wait(30) == 0
+        wait_until(lambda: not any(c.is_running() for c in children), 10, "children gone")

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import shutil
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -184,15 +185,15 @@ class Command(BaseCommand):
         from models_app.management.commands._daphne import RouterPanelServer
         from routerpanel.asgi import application
 
+        def stop_reactor() -> None:
+            with contextlib.suppress(error.ReactorNotRunning):
+                # Twisted declares the reactor's methods on zope interfaces, without `self`:
+                # lacking the mypy-zope plugin, mypy takes the first argument for it.
+                reactor.stop()  # type: ignore[misc]
+
         if router is not None:
-            embedded = router
-            reactor.callWhenRunning(embedded.start)
-
-            def stop_reactor() -> None:
-                with contextlib.suppress(error.ReactorNotRunning):
-                    reactor.stop()  # type: ignore[misc]  # a zope interface method (see above)
-
-            embedded.stop_server = stop_reactor
+            reactor.callWhenRunning(router.start)
+            router.stop_server = stop_reactor
         server = RouterPanelServer(
             application=application,
             # Twisted listens with a backlog of 50: a burst of hundreds of new connections
@@ -203,11 +204,14 @@ class Command(BaseCommand):
                     host=options["host"], port=options["port"]
                 )
             ],
-            signal_handlers=True,
+            signal_handlers=False,  # through the loop, below (routerpanel/reactor.py says why)
             verbosity=0,
             stopping=Stopping(router, options["shutdown_grace"]),
         )
         server.on_listening = lambda: ready.done("socket")
+        loop = reactor._asyncioEventloop
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop_reactor)
         server.run()
         failure: BaseException | None = server.listen_failure
         return failure
