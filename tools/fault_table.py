@@ -114,6 +114,14 @@ def web_killed(d: dict[str, Any]) -> Row:
             f"{_s(d['other_clients_served_after_s'])} after the kill", NOT_MEASURED)  # fmt: skip
 
 
+def web_stopped(d: dict[str, Any]) -> Row:
+    return (f"its stream ends with an SSE `error` event (503, \"server is shutting down\") "
+            f"{_s(d['stream_error_after'])} after SIGTERM (`--shutdown-grace` {d['grace']:g} s), "
+            "not cut mid-chunk", f"the web process exits {_s(d['web_exited_after'])} after "
+            "SIGTERM; the router has the lease back and serves the next web process",
+            NOT_MEASURED)  # fmt: skip
+
+
 def router_killed_socket(d: dict[str, Any]) -> Row:
     return (f"`503 router unavailable` after {_s(d['queued_request_answered_503_after_s'])} "
             "(its socket closed)", f"served {_s(d['served_again_after_restart_s'])} after the "
@@ -154,6 +162,8 @@ RENDER: dict[str, tuple[str, Callable[[dict[str, Any]], Row]]] = {
         "a web process killed mid-stream (lease ttl 3 s)", web_killed),
     "a web process killed with SIGKILL mid-stream (team mode, socket, lease ttl 120 s)": (
         "a web process killed mid-stream (lease ttl 120 s)", web_killed),
+    "team web process stopped mid-stream": (
+        "a web process stopped (SIGTERM) mid-stream (team)", web_stopped),
     "router frozen (SIGSTOP) while requests arrive": ("the router frozen (SIGSTOP)", frozen),
     "PostgreSQL refuses connections during 4 swaps (team mode)": (
         "PostgreSQL refuses connections (team)", database),
