@@ -425,8 +425,12 @@ def test_the_websocket_reconnects_after_the_server_restarts(
     connects = page.evaluate("window.panelLive.connects")
 
     own_server.stop()
-    page.wait_for_function("document.body.dataset.connection === 'reconnecting'")
-    assert "reconnecting in" in page.locator("#conn").inner_text()
+    # Read state and text in one go: while the server is down the page goes reconnecting ->
+    # connecting -> reconnecting every few hundred ms, so a second read may see "connecting".
+    page.wait_for_function(
+        "document.body.dataset.connection === 'reconnecting'"
+        " && document.querySelector('#conn').textContent.includes('reconnecting in')"
+    )
     own_server.start()
     page.wait_for_function(f"window.panelLive.connects > {connects}", timeout=90_000)
     wait_live(page)
