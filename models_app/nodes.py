@@ -316,8 +316,12 @@ async def place_claimed(model: str | None, directory: list[Node]) -> str:
     name = canonical(directory, model)
     if name in started:  # this process claimed it a moment ago (``chosen`` is that node):
         return chosen.node  # no second claim until the claim expires or a beat shows it
+    # Counted as started there before the claim's round trip: requests placed meanwhile (a
+    # burst) see this slot taken and go to another node's free slot.
+    cache.started[name] = (chosen.node, now + CLAIM_SECONDS)
     node = await _claim(cache, name, chosen.node, directory)
-    cache.started[name] = (node, now + CLAIM_SECONDS)
+    if node != chosen.node:  # another process claimed it first: it starts there
+        cache.started[name] = (node, now + CLAIM_SECONDS)
     return node
 
 

@@ -154,6 +154,20 @@ class TestPlacement:
         assert await nodes.place_claimed("a", second) == "n2"  # the claim in Redis holds
         nodes._caches.clear()
 
+    async def test_cold_models_placed_at_once_take_the_free_slots_of_different_nodes(
+        self, settings: Any, redis_prefix: str
+    ) -> None:
+        """A burst: requests for two cold models placed concurrently, while the claim of the
+        first is still on its way to Redis, go to the two free slots, not both to one node."""
+        import asyncio
+
+        free = [node("n1", status()), node("n2", status())]
+        placed = await asyncio.gather(*(nodes.place_claimed(m, free) for m in "ab"))
+        assert sorted(placed) == ["n1", "n2"], placed
+        again = await asyncio.gather(*(nodes.place_claimed(m, free) for m in "abab"))
+        assert again == placed * 2  # each keeps the node it was started on
+        nodes._caches.clear()
+
     async def test_a_copy_being_stopped_does_not_hold_its_model_and_a_new_start_is_claimed(
         self, settings: Any, redis_prefix: str
     ) -> None:
