@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable
 
 from routerpanel.router.commands import MemorySampled, Tick
-from routerpanel.router.memory import children_memory, system_memory
+from routerpanel.router.memory import TreeMemory, system_memory
 
 
 class Timer:
@@ -70,15 +70,17 @@ async def sample_memory(
 ) -> None:
     """Post a memory sample every ``interval`` seconds, or at once when ``soon`` is set (S9).
 
-    Reading /proc blocks for a few milliseconds, so it runs in a thread, off the engine's loop.
+    Reading /proc blocks for a few milliseconds, so it runs in a thread, off the engine's loop;
+    the children's process trees are listed again every ten seconds, not every sample.
     """
+    trees = TreeMemory()
     while True:
-        post(await asyncio.to_thread(_measure, pids()))
+        post(await asyncio.to_thread(_measure, pids(), trees))
         soon.clear()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(interval):
                 await soon.wait()
 
 
-def _measure(pids: dict[str, int]) -> MemorySampled:
-    return MemorySampled(system_memory(), children_memory(pids))
+def _measure(pids: dict[str, int], trees: TreeMemory) -> MemorySampled:
+    return MemorySampled(system_memory(), trees.measure(pids))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 
 import psutil  # type: ignore[import-untyped, unused-ignore]
@@ -15,6 +16,7 @@ from routerpanel.router.memory import (
     ChildMemory,
     MemorySample,
     SystemMemory,
+    TreeMemory,
     children_memory,
     process_tree_rss,
     system_memory,
@@ -94,3 +96,67 @@ class TestProcessTree:
         assert child.pid == sleeper.pid
         assert child.rss > 0
         assert child.processes == 1
+
+
+class TestTreeMemory:
+    """The sampler's trees: measured every sample, listed from /proc every ``rescan`` s."""
+
+    def test_a_tree_is_listed_once_per_rescan_and_measured_every_time(
+        self, sleeper: subprocess.Popen[bytes]
+    ) -> None:
+        now = [0.0]
+        trees = TreeMemory(rescan=10.0, clock=lambda: now[0])
+        children = {"me": os.getpid(), "sleepy": sleeper.pid}
+        first = trees.measure(children)
+        assert trees.scans == 2
+        for now[0] in (1.0, 5.0, 9.9):
+            again = trees.measure(children)
+            assert [(c.name, c.processes) for c in again] == [(c.name, c.processes) for c in first]
+            assert all(c.rss > 0 for c in again)
+        assert trees.scans == 2  # within the rescan: no listing of /proc
+        now[0] = 10.0
+        trees.measure(children)
+        assert trees.scans == 4
+
+    def test_a_process_started_later_is_counted_from_the_next_rescan(self) -> None:
+        now = [0.0]
+        trees = TreeMemory(rescan=10.0, clock=lambda: now[0])
+        parent = subprocess.Popen(
+            [sys.executable, "-c", "import subprocess, sys; sys.stdin.readline();"
+             "subprocess.Popen(['sleep', '60']); sys.stdin.readline()"],
+            stdin=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            (alone,) = trees.measure({"p": parent.pid})
+            assert alone.processes == 1
+            assert parent.stdin is not None
+            parent.stdin.write(b"\n")
+            parent.stdin.flush()
+            proc = psutil.Process(parent.pid)
+            for _ in range(200):  # at most 10 s
+                if proc.children():
+                    break
+                time.sleep(0.05)
+            assert proc.children(), "the grandchild did not start"
+            now[0] = 5.0
+            (same,) = trees.measure({"p": parent.pid})
+            assert same.processes == 1  # the tree listed at 0 s still holds
+            now[0] = 10.0
+            (grown,) = trees.measure({"p": parent.pid})
+            assert grown.processes == 2
+        finally:
+            for kid in psutil.Process(parent.pid).children(recursive=True):
+                kid.kill()
+            parent.kill()
+            parent.wait(timeout=10)
+
+    def test_a_child_that_is_gone_is_left_out_at_once_and_forgotten(self) -> None:
+        trees = TreeMemory(rescan=1000.0, clock=lambda: 0.0)
+        proc = subprocess.Popen(["sleep", "60"])
+        (child,) = trees.measure({"gone": proc.pid})
+        assert child.pid == proc.pid
+        proc.kill()
+        proc.wait(timeout=10)
+        assert trees.measure({"gone": proc.pid}) == ()  # the cached tree's root is gone
+        assert trees.measure({}) == ()
+        assert trees._trees == {}
