@@ -86,6 +86,7 @@ from models_app.messages import (
     ErrorBody,
     EventMessage,
     EventPayload,
+    EventsMessage,
     GrantedMessage,
     LeaseAnswer,
     MemoryAnswer,
@@ -651,8 +652,8 @@ class RouterClient:
         try:
             while True:
                 message = await self.layer.receive(channel)
-                if message.get("type") == "router.event":
-                    yield message["event"]
+                for payload in unpack_events(message):
+                    yield payload
         finally:
             try:
                 await self.layer.group_discard(EVENTS_GROUP, channel)
@@ -885,3 +886,20 @@ def result(
 
 def event(payload: EventPayload) -> EventMessage:
     return {"type": "router.event", "event": payload}
+
+
+def events_message(payloads: list[EventPayload]) -> EventMessage | EventsMessage:
+    """One group message for ``payloads`` (in order): ``router.event`` for one."""
+    if len(payloads) == 1:
+        return event(payloads[0])
+    return {"type": "router.events", "events": payloads}
+
+
+def unpack_events(message: Mapping[str, Any]) -> list[EventPayload]:
+    """The events a group message carries, in order ([] for any other message)."""
+    kind = message.get("type")
+    if kind == "router.event":
+        return [message["event"]]
+    if kind == "router.events":
+        return list(message["events"])
+    return []

@@ -38,7 +38,7 @@ from django.db import DatabaseError
 from django.urls import reverse
 
 from models_app import audit, audit_labels, bridge
-from models_app.messages import EventMessage
+from models_app.messages import EventMessage, EventPayload, EventsMessage
 from models_app.models import AuditEvent, Preset
 from models_app.roles import Role, role_of
 from models_app.views import actions, common, memory
@@ -137,9 +137,16 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Ch
     # ---- router events (group message type "router.event") ------------------------------------
 
     async def router_event(self, message: EventMessage) -> None:
-        event = message["event"]
-        await self.send_json({"type": "event", "event": event})
-        if event.get("type") not in QUIET_EVENTS:
+        await self._forward([message["event"]])
+
+    async def router_events(self, message: EventsMessage) -> None:
+        """Several events in one group message (the router sends what came meanwhile)."""
+        await self._forward(message["events"])
+
+    async def _forward(self, events: list[EventPayload]) -> None:
+        for event in events:
+            await self.send_json({"type": "event", "event": event})
+        if any(event.get("type") not in QUIET_EVENTS for event in events):
             self.nudge.set()
 
     async def layer_reconnected(self, message: dict[str, Any]) -> None:

@@ -392,3 +392,11 @@ class EventPayload(TypedDict):
 class EventMessage(TypedDict):
     type: Literal["router.event"]
     event: EventPayload
+
+
+class EventsMessage(TypedDict):
+    """Several engine events in order, in one group message: what the router publishes when
+    events come faster than it sends them (a child's log lines, a burst of requests)."""
+
+    type: Literal["router.events"]
+    events: list[EventPayload]

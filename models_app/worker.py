@@ -73,6 +73,9 @@ RUNNING_NAMES = frozenset(state.value for state in RUNNING)  # the snapshot's "s
 
 QUEUED_AFTER = 0.5  # seconds: an acquire not answered by then is told "queued" first
 TRANSPORTS = ("socket", "channel")
+# Events in one group message at most: under a flood of long log lines (each cut at 64 KiB,
+# supervisor/protocol.py) one message stays within 2 MiB.
+EVENT_BATCH = 32
 EXPIRED_NOTE_EVERY = 10.0  # seconds: dropped expired messages are published this often at most
 
 _host: RouterHost | None = None
@@ -258,19 +261,27 @@ class RouterHost:
                     log.exception("event listener failed on event %s", event.seq)
 
     async def _publish_events(self, events: Subscription) -> None:
-        async for event in events:
-            payload: EventPayload = {
-                "seq": event.seq,
-                "type": event.type,
-                "time": event.time,
-                "data": event.data,
-            }
-            if self.overrides.node:  # several hosts: each node counts its own seq
-                payload["node"] = self.overrides.node
+        """Send the engine's events to the events group, in order. An event goes out as soon
+        as it comes; those that came while the last message was being sent go together in the
+        next one (up to ``EVENT_BATCH``): a child's log lines arrive a dozen per request, and
+        on Redis each group message costs the router several commands."""
+        async for first in events:
+            batch = [first, *events.take(EVENT_BATCH - 1)]
+            payloads: list[EventPayload] = []
+            for event in batch:
+                payload: EventPayload = {
+                    "seq": event.seq,
+                    "type": event.type,
+                    "time": event.time,
+                    "data": event.data,
+                }
+                if self.overrides.node:  # several hosts: each node counts its own seq
+                    payload["node"] = self.overrides.node
+                payloads.append(payload)
             try:
-                await self.layer.group_send(bridge.EVENTS_GROUP, bridge.event(payload))
+                await self.layer.group_send(bridge.EVENTS_GROUP, bridge.events_message(payloads))
             except Exception:  # a slow or absent subscriber must never stop the router
-                log.debug("event %s not delivered", event.seq, exc_info=True)
+                log.debug("events %s-%s not delivered", first.seq, batch[-1].seq, exc_info=True)
 
     def _database_back(self, seconds: float) -> None:
         """The audit writer's thread saw the database return: audit the outage (thread-safe)."""

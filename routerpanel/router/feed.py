@@ -67,6 +67,12 @@ class Subscription:
             self._on_close(self)
             self._ready.set()
 
+    def take(self, limit: int) -> list[EngineEvent]:
+        """The events already waiting, oldest first, at most ``limit``; never waits (a reader
+        that forwards events in batches takes what came while it sent the last one)."""
+        items = self._items
+        return [items.popleft() for _ in range(min(limit, len(items)))]
+
     def __aiter__(self) -> Subscription:
         return self
 
