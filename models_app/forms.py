@@ -501,6 +501,7 @@ class ReservationForm(forms.Form):
     the panel's display time zone; overlapping bookings of one model are refused."""
 
     DATETIME = forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M")
+    asked_start: Any = None  # the window's start once cleaned, even when refused (clean)
 
     model = forms.ChoiceField(
         label="Model",
@@ -535,6 +536,7 @@ class ReservationForm(forms.Form):
 
         data = super().clean() or {}
         start, end, model = data.get("starts_at"), data.get("ends_at"), data.get("model")
+        self.asked_start = start  # kept: an error on the field drops it from cleaned_data
         if start is None or end is None:
             return data
         if end <= start:

@@ -56,7 +56,7 @@ def reservation_create(request: HttpRequest) -> HttpResponse:
             return redirect(f"{reverse('panel:reservations')}?week={week:%Y-%m-%d}")
         text = f"{data['model']} is already booked {reservations.window_text(taken)} "
         form.add_error("starts_at", text + f"for {taken.subject}.")
-    start = form.cleaned_data.get("starts_at") if hasattr(form, "cleaned_data") else None
+    start = form.asked_start  # the week shown again is the window's, with what it collides with
     week = _week_start(None, timezone.localtime(start).date() if start else None)
     return _page(request, form, week, status=400)
 

@@ -77,6 +77,26 @@ class TestBooking:
         day = timezone.localdate() + timedelta(days=1)
         return timezone.make_aware(datetime(day.year, day.month, day.day, hour))
 
+    @staticmethod
+    def monday_of(moment: datetime) -> Any:
+        day = timezone.localtime(moment).date()
+        return day - timedelta(days=day.weekday())
+
+    def test_a_refused_overlap_next_week_shows_next_weeks_calendar(
+        self, admin_client: Any, workshop: Group, viewer: Any
+    ) -> None:
+        """The page shown again with the error is the week of the window asked for, with the
+        booking it collides with, whatever today is (before, it was this week's)."""
+        start = self.tomorrow(14) + timedelta(days=7)
+        book("qwen-72b", start, start + timedelta(hours=2), group=workshop)
+        data = form("qwen-72b", start + timedelta(hours=1), start + timedelta(hours=3),
+                    f"user:{viewer.pk}")  # fmt: skip
+        refused = admin_client.post("/reservations/new/", data)
+        assert refused.status_code == 400
+        assert refused.context["monday"] == self.monday_of(start)
+        assert refused.context["monday"] != self.monday_of(timezone.now())
+        assert "for group workshop" in refused.content.decode()
+
     def test_an_admin_books_a_model_for_a_group_and_is_sent_to_its_week(
         self, admin_client: Any, workshop: Group
     ) -> None:
@@ -111,6 +131,7 @@ class TestBooking:
         assert refused.context["form"].errors["starts_at"] == [text]
         assert text in refused.content.decode()
         assert Reservation.objects.count() == 1
+        assert refused.context["monday"] == self.monday_of(self.tomorrow(14))  # the booking's week
         # touching windows do not overlap, and another model is free
         ok = form("qwen-72b", self.tomorrow(16), self.tomorrow(17), f"user:{viewer.pk}")
         assert admin_client.post("/reservations/new/", ok).status_code == 302
