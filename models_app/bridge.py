@@ -67,12 +67,13 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from channels.layers import BaseChannelLayer, get_channel_layer
+from django.conf import settings
 
-from models_app import nodes
+from models_app import liveness, nodes, routerlink
 from models_app.messages import (
     AcceptedMessage,
     AcquireAnswer,
@@ -105,13 +106,13 @@ from models_app.messages import (
     WaitingMessage,
 )
 from routerpanel.router.address import LOOPBACK, ChildAddress
+from routerpanel.router.errors import RouterError
 from routerpanel.router.receipts import NO_RECEIPT, Receipt
 
 if TYPE_CHECKING:
     from models_app.liveness import RouterWatch
     from models_app.routerlink import Connection
     from routerpanel.router.engine import Engine
-    from routerpanel.router.errors import RouterError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -318,8 +319,6 @@ class RouterClient:
         request_id: str,
         priority: str = "normal",
     ) -> Grant:
-        from routerpanel.router.errors import RouterError
-
         engine = host.engine
         if engine is None:
             raise router_unavailable()
@@ -405,7 +404,7 @@ class RouterClient:
             raise
         finally:
             conn.forget(request_id)
-        return replace(self._grant_or_raise(answer), via=conn)
+        return self._grant_or_raise(answer, via=conn)
 
     def _first_wait(self, watch: RouterWatch | None) -> float:
         """The first answer's deadline: the heartbeat tells life in team mode, not a timeout."""
@@ -608,8 +607,6 @@ class RouterClient:
         return next(iter(got.values()))
 
     async def _call_local(self, host: LocalRouter, call: Call) -> AnswerBody:
-        from routerpanel.router.errors import RouterError
-
         try:
             return await _on_loop(host, host.call(call))
         except RouterError as exc:
@@ -717,7 +714,9 @@ class RouterClient:
         except Exception:  # a full or unreachable layer must not turn a release into a 500
             log.warning("could not send %s", message["type"], exc_info=True)
 
-    def _grant_or_raise(self, answer: Reply) -> Grant:
+    def _grant_or_raise(self, answer: Reply, via: Connection | None = None) -> Grant:
+        """The grant ``answer`` carries (``via``: the router connection it came over), or raise
+        its refusal."""
         if answer["type"] == "router.granted":
             return Grant(
                 answer["request_id"],
@@ -730,6 +729,7 @@ class RouterClient:
                 str(answer.get("host") or LOOPBACK),
                 answer.get("key") or None,
                 self.node or "",
+                via,
             )
         if answer["type"] == "router.rejected":
             raise RouterRejected(answer["status"], answer["error"], answer.get("retry_after"))
@@ -767,20 +767,14 @@ def _linked_answer(item: Mapping[str, Any] | str) -> Reply:
 
 async def _connection(watch: RouterWatch) -> Connection | None:
     """The router connection of this process (team mode), or None: the channel layer."""
-    from models_app import routerlink
-
     return await routerlink.connection(watch)
 
 
 def _watch(node: str = "") -> RouterWatch | None:
     """The heartbeat watch of ``node``'s router ("" the unnamed one) on this loop in team mode;
     None without Redis."""
-    from django.conf import settings
-
     if not settings.REDIS_URL:
         return None
-    from models_app import liveness
-
     return liveness.watch(node)
 
 
