@@ -62,11 +62,12 @@ Events (router → group ``router.events``)::
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -443,11 +444,15 @@ class RouterClient:
         client = self.on_node(lease.node) if isinstance(lease, Grant) else self
         await client._send_quietly(message)
 
-    def progress(self, grant: Grant) -> None:
-        """A byte of the answer went out now (in process: straight into the watchdog)."""
+    def progress_of(self, grant: Grant) -> Callable[[], None] | None:
+        """What to call each time a byte of ``grant``'s answer goes out, when its router runs
+        in this process: the engine's hang watchdog, bound to the lease once per request
+        instead of looked up per chunk. None for a lease from another process (its renewals
+        carry the progress)."""
         host = self._in_process()
-        if host is not None and host.engine is not None and grant.local:
-            host.engine.progress(grant.lease_id)
+        if host is None or host.engine is None or not grant.local:
+            return None
+        return functools.partial(host.engine.progress, grant.lease_id)
 
     async def release(self, grant: Grant | str) -> None:
         lease_id = grant if isinstance(grant, str) else grant.lease_id

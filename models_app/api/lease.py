@@ -1,7 +1,7 @@
 """Hold a router lease while a response streams: report progress, renew, release at the end.
 
 An in-process lease (embedded mode) never expires and needs no renewal; each chunk that goes out
-is reported straight to the engine's hang watchdog (``RouterClient.progress``). A lease from a
+is reported straight to the engine's hang watchdog (``RouterClient.progress_of``). A lease from a
 router in another process (team mode) expires if not renewed (DESIGN §5), so a web process that
 dies cannot pin a model forever: a timer renews it every ttl/3 and each renewal says how long
 ago the last byte went out, which is all the watchdog there needs. Renewal is a timer, not a
@@ -11,6 +11,7 @@ task per request: a response shorter than ttl/3 costs nothing beyond the release
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from models_app.bridge import Grant, RouterClient
 
@@ -31,15 +32,15 @@ class LeaseKeeper:
         self.interval = max(grant.lease_ttl / 3, MIN_INTERVAL)
         self._timer: asyncio.TimerHandle | None = None
         self._open = True
+        # Called per chunk: a byte of the answer went out, the child is not hung.
+        report = router.progress_of(grant)
+        self.progress: Callable[[], None] = self._sent if report is None else report
         if not grant.local:
             self._timer = self._loop.call_later(self.interval, self._renew)
 
-    def progress(self) -> None:
-        """A byte of the answer went out: the child is not hung (called per chunk)."""
-        if self.grant.local:
-            self._router.progress(self.grant)
-        else:
-            self.last_byte = self._loop.time()
+    def _sent(self) -> None:
+        """A byte of a remote lease's answer went out: the next renewal says when."""
+        self.last_byte = self._loop.time()
 
     def _renew(self) -> None:
         self.renewals += 1

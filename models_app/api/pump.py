@@ -61,7 +61,7 @@ class Pump:
     the last chunk, kept back to go out with the end of the response when the child gave a
     Content-Length and this chunk completes it (one message for the last part, not two)."""
 
-    __slots__ = ("busy", "expected", "failed", "last", "lease", "meter", "received",
+    __slots__ = ("busy", "expected", "failed", "last", "meter", "progress", "received",
                  "response", "send")  # fmt: skip
 
     def __init__(
@@ -70,7 +70,7 @@ class Pump:
     ) -> None:  # fmt: skip
         self.send = request.sender
         self.response = response
-        self.lease = lease
+        self.progress = lease.progress  # per chunk: the child is not hung
         self.meter = meter
         self.expected = expected
         self.received = 0
@@ -113,7 +113,7 @@ class Pump:
     def _forward(self, chunk: bytes) -> None:
         self.received += len(chunk)
         self.meter.chunk(chunk)
-        self.lease.progress()
+        self.progress()
         if self.received == self.expected:
             self.last = chunk
             return
