@@ -23,7 +23,7 @@ from typing import Any
 
 from models_app.api.lease import LeaseKeeper
 from models_app.api.relay import Answer, UpstreamError
-from models_app.api.request import Request
+from models_app.api.request import CHUNK_NOW, Request
 
 
 def start_now(awaitable: Awaitable[None]) -> asyncio.Future[None] | None:
@@ -61,14 +61,16 @@ class Pump:
     the last chunk, kept back to go out with the end of the response when the child gave a
     Content-Length and this chunk completes it (one message for the last part, not two)."""
 
-    __slots__ = ("busy", "expected", "failed", "last", "meter", "progress", "received",
-                 "response", "send")  # fmt: skip
+    __slots__ = ("busy", "direct", "expected", "failed", "last", "meter", "progress",
+                 "received", "response", "send")  # fmt: skip
 
     def __init__(
         self, request: Request, response: Answer, lease: LeaseKeeper, meter: Any,
         expected: int | None,
     ) -> None:  # fmt: skip
         self.send = request.sender
+        # The server's own way to write a piece at once (Daphne under ``serve``), if any.
+        self.direct = (request.scope.get("extensions") or {}).get(CHUNK_NOW)
         self.response = response
         self.progress = lease.progress  # per chunk: the child is not hung
         self.meter = meter
@@ -117,8 +119,10 @@ class Pump:
         if self.received == self.expected:
             self.last = chunk
             return
-        message = {"type": "http.response.body", "body": chunk, "more_body": True}
         try:
+            if self.direct is not None and self.direct(chunk):
+                return  # written: no message, no coroutine
+            message = {"type": "http.response.body", "body": chunk, "more_body": True}
             self.busy = start_now(self.send(message))
         except Exception as exc:  # the task raises it (run)
             self.failed = exc

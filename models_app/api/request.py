@@ -51,6 +51,11 @@ def request_id_from(value: bytes | None) -> str:
     return f"{_ID_PREFIX}{next(_ID_NUMBERS):08x}"
 
 
+# The scope extension a server may offer for a streamed answer's pieces: a callable that writes
+# one at once and says True, or says False when it must go as an ASGI message (``serve`` on
+# Daphne offers it, _daphne.chunk_now; the pump uses it, pump.py).
+CHUNK_NOW = "routerpanel.chunk_now"
+
 # Request ids this process makes: a random prefix per process and a counter (a uuid4 per
 # request cost more than the rest of naming it); 32 hex digits like a uuid4's.
 _ID_PREFIX = uuid.uuid4().hex[:24]

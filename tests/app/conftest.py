@@ -72,6 +72,7 @@ class Call:
         body_parts: list[bytes] | None = None,
         headers: dict[str, str] | None = None,
         query: str = "",
+        extensions: dict[str, Any] | None = None,
     ) -> None:
         self.status: int | None = None
         self.headers: list[tuple[bytes, bytes]] = []
@@ -98,6 +99,8 @@ class Call:
             "client": ("127.0.0.1", 50000),
             "server": ("127.0.0.1", 8080),
         }
+        if extensions is not None:  # what a server offers beyond ASGI (request.CHUNK_NOW)
+            scope["extensions"] = extensions
         self.task = asyncio.ensure_future(app(scope, self._receive, self._send))
 
     async def _receive(self) -> dict[str, Any]:

@@ -63,6 +63,18 @@ async def app(scope, receive, send):
             await asyncio.sleep(0.002)  # the next piece comes while the rest of this one waits
         await send({"type": "http.response.body", "body": b""})
         return
+    elif path == "/direct":  # the pieces through the scope's chunk_now, as the pump writes them
+        chunk_now = scope["extensions"]["routerpanel.chunk_now"]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        said = [chunk_now(b"0;")]  # the head has not gone out: it must go as a message
+        await send({"type": "http.response.body", "body": b"0;", "more_body": True})
+        for i in range(1, 50):
+            said.append(chunk_now(b"%d;" % i))
+            await asyncio.sleep(0)
+        await send({"type": "http.response.body", "body": b""})
+        said.append(chunk_now(b"late"))  # finished: nothing more goes out
+        counts["direct"] = said
+        return
     elif path == "/endless":  # goes on sending after the client has left
         await send({"type": "http.response.start", "status": 200, "headers": []})
         for i in range(300):
@@ -190,6 +202,19 @@ def test_a_streamed_piece_goes_out_as_one_chunk_of_chunked_encoding(base_url: st
     assert b"transfer-encoding: chunked" in head.lower()
     expected = b"".join(b"%x\r\n%d;\r\n" % (len(b"%d;" % i), i) for i in range(50))
     assert body == expected + b"0\r\n\r\n"
+
+
+def test_the_scopes_chunk_now_writes_the_same_bytes_once_the_head_went_out(base_url: str) -> None:
+    """``chunk_now`` (what the proxy's pump uses instead of a message per piece) says False
+    before the head went out and after the end, and writes what a message would have."""
+    request = b"GET /direct HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    data = raw_exchange(base_url, request, lambda data: data.endswith(b"\r\n0\r\n\r\n"))
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower()
+    expected = b"".join(b"%x\r\n%d;\r\n" % (len(b"%d;" % i), i) for i in range(50))
+    assert body == expected + b"0\r\n\r\n"
+    with httpx.Client(base_url=base_url, timeout=DEADLINE) as client:
+        assert client.get("/count").json()["direct"] == [False] + [True] * 49 + [False]
 
 
 def test_streamed_pieces_larger_than_the_socket_reach_a_slow_reader_whole_and_in_order(

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from models_app.api.pump import start_now
+from models_app.api.request import CHUNK_NOW
 from tests.app.conftest import DEADLINE, AsgiClient, Call
 from tests.support.fake_router import FakeRouter, Grant
 from tests.support.raw_upstream import RawUpstream, read_request
@@ -154,6 +155,39 @@ async def test_chunks_go_out_from_the_callback_that_parsed_them_not_from_a_task(
     # Chunks that came while the request's task was parked went out from the relay's
     # callback; only what was kept before the pump started is sent by the task.
     assert call.from_task.count(False) >= CHUNKS - 5, call.from_task
+    await router.wait_for("router.release")
+
+
+class DirectCall(WatchedCall):
+    """A client whose server offers ``chunk_now`` as Daphne's does under ``serve``: False until
+    a piece went out as a message after the head (Twisted writes the head with it), then each
+    piece is written at once, into the same record as a message's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.direct = 0
+        super().__init__(*args, extensions={CHUNK_NOW: self.chunk_now}, **kwargs)
+
+    def chunk_now(self, body: bytes) -> bool:
+        if not self.from_task or self.ended.is_set():
+            return False
+        self.direct += 1
+        self.chunks.append((0.0, body))
+        return True
+
+
+async def test_a_server_that_offers_chunk_now_gets_the_pieces_through_it_whole_and_in_order(
+    client: AsgiClient, router: FakeRouter, model_on: Callable[[int], None]
+) -> None:
+    async with RawUpstream(streaming_child(CHUNKS)) as child:
+        model_on(child.port)
+        body = b'{"model":"m","stream":true}'
+        headers = {"content-type": "application/json"}
+        call = DirectCall(client.app, "POST", "/v1/chat/completions", body=body, headers=headers)
+        await call.finish()
+    assert call.status == 200
+    assert b"".join(chunk for _, chunk in call.chunks) == expected_body(CHUNKS)
+    assert len(call.from_task) == 1  # only the first piece went as a message
+    assert call.direct == CHUNKS - 1
     await router.wait_for("router.release")
 
 

@@ -21,6 +21,7 @@ connection reset (closing a socket with unread data resets it).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
@@ -33,7 +34,7 @@ from twisted.web import http
 from models_app.api.app import is_api_path
 from models_app.api.config import ApiConfig
 from models_app.api.errors import error_body
-from models_app.api.request import JSON_TYPE, body_timeout
+from models_app.api.request import CHUNK_NOW, JSON_TYPE, body_timeout
 
 LINGER = 5.0  # seconds an answered connection keeps draining the client's upload before closing
 REASONS = {408: b"Request Timeout", 413: b"Content Too Large"}
@@ -80,16 +81,23 @@ class RouterPanelServer(Server):
 
     async def handle_reply(self, protocol: Any, message: dict[str, Any]) -> None:
         """The application's ``send``. A piece of a streamed body, once the head went out, is
-        written here as one chunk (see ``write_chunk``); anything else goes Daphne's way."""
+        written here as one chunk (see ``chunk_now``); anything else goes Daphne's way."""
         if (
             message.get("more_body")
-            and protocol.chunked
-            and not protocol.finished
             and message["type"] == "http.response.body"
+            and chunk_now(protocol, message.get("body", b""))
         ):
-            write_chunk(protocol, message.get("body", b""))
             return
         await super().handle_reply(protocol, message)
+
+    def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
+        """Daphne's, with ``chunk_now`` for this request in the scope's extensions
+        (``request.CHUNK_NOW``): the proxy's pump writes each streamed piece with it, without an
+        ASGI message and a coroutine per token."""
+        if isinstance(protocol, http.Request):
+            extensions = scope.setdefault("extensions", {})
+            extensions[CHUNK_NOW] = functools.partial(chunk_now, protocol)
+        return super().create_application(protocol, scope)
 
     def protocol_connected(self, protocol: Any) -> None:
         if isinstance(protocol, http.Request):
@@ -114,6 +122,16 @@ class RouterPanelServer(Server):
     def listen_error(self, failure: Failure) -> None:
         self.listen_failure = failure.value
         self.stop()
+
+
+def chunk_now(request: Any, body: bytes) -> bool:
+    """Write ``body`` as the next piece of ``request``'s streamed answer when its head went out
+    chunked and it is not finished (then True); False: it must go as an ASGI message (the first
+    piece, which Twisted writes with the head, or an answer framed otherwise)."""
+    if not request.chunked or request.finished:
+        return False
+    write_chunk(request, body)
+    return True
 
 
 def write_chunk(request: Any, body: bytes) -> None:
