@@ -196,7 +196,11 @@ def test_a_connection_that_asks_to_close_is_closed_after_its_answer(base_url: st
 
 def test_a_streamed_piece_goes_out_as_one_chunk_of_chunked_encoding(base_url: str) -> None:
     """The bytes on the wire: the head, then each piece framed as its own chunk, then the end."""
-    request = b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert_fifty_chunks(base_url, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+
+
+def assert_fifty_chunks(base_url: str, request: bytes) -> None:
+    """The answer to ``request`` is chunked: the pieces ``0;`` to ``49;``, one chunk each."""
     data = raw_exchange(base_url, request, lambda data: data.endswith(b"\r\n0\r\n\r\n"))
     head, _, body = data.partition(b"\r\n\r\n")
     assert b"transfer-encoding: chunked" in head.lower()
@@ -207,12 +211,7 @@ def test_a_streamed_piece_goes_out_as_one_chunk_of_chunked_encoding(base_url: st
 def test_the_scopes_chunk_now_writes_the_same_bytes_once_the_head_went_out(base_url: str) -> None:
     """``chunk_now`` (what the proxy's pump uses instead of a message per piece) says False
     before the head went out and after the end, and writes what a message would have."""
-    request = b"GET /direct HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    data = raw_exchange(base_url, request, lambda data: data.endswith(b"\r\n0\r\n\r\n"))
-    head, _, body = data.partition(b"\r\n\r\n")
-    assert b"transfer-encoding: chunked" in head.lower()
-    expected = b"".join(b"%x\r\n%d;\r\n" % (len(b"%d;" % i), i) for i in range(50))
-    assert body == expected + b"0\r\n\r\n"
+    assert_fifty_chunks(base_url, b"GET /direct HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     with httpx.Client(base_url=base_url, timeout=DEADLINE) as client:
         assert client.get("/count").json()["direct"] == [False] + [True] * 49 + [False]
 
