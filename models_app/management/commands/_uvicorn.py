@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import socket
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from models_app.api.request import CHUNK_NOW
 
 
 class UvicornServer:
@@ -36,7 +40,7 @@ class UvicornServer:
         config = uvicorn.Config(
             application,
             loop="uvloop",
-            http="httptools",
+            http=ChunkNowProtocol,
             ws="websockets-sansio",
             lifespan="off",
             server_header=False,
@@ -91,6 +95,39 @@ class UvicornServer:
                 await self.stopping()  # started by the shutdown, or here if serving failed
 
         uvloop.run(main())
+
+
+class ChunkNowProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with ``chunk_now`` for each request in the scope's
+    extensions (``request.CHUNK_NOW``): the proxy's pump writes each streamed piece with it,
+    without an ASGI message and a coroutine per token. The request's task has not run yet when
+    uvicorn's ``on_headers_complete`` returns, so the scope has it before the application."""
+
+    def on_headers_complete(self) -> None:
+        before = self.cycle
+        super().on_headers_complete()
+        if self.cycle is not None and self.cycle is not before:
+            extensions: dict[str, Any] = self.cycle.scope.setdefault("extensions", {})
+            extensions[CHUNK_NOW] = functools.partial(chunk_now, self.cycle)
+
+
+def chunk_now(cycle: RequestResponseCycle, body: bytes) -> bool:
+    """Write ``body`` as the next piece of a chunked answer whose head went out, as uvicorn's
+    ``send`` would (then True); False when it must go as a message: before the head, after the
+    end, not chunked, a HEAD request, a client gone, or a socket that takes no more (``send``
+    then waits for it to drain)."""
+    if (
+        not cycle.chunked_encoding
+        or not cycle.response_started
+        or cycle.response_complete
+        or cycle.disconnected
+        or cycle.flow.write_paused
+        or cycle.scope["method"] == "HEAD"
+    ):
+        return False
+    if body:
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+    return True
 
 
 class _Server(uvicorn.Server):
