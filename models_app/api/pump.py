@@ -13,6 +13,11 @@ finished in a task, and until it is, chunks are kept by the answer and the child
 being read once too much is kept (relay.py's back-pressure); the request's task then sends them
 in order before it takes the sink back. The task itself only waits for the end, a failure, or
 a suspended send.
+
+Under ``serve`` both servers also offer ``chunk_now`` in the scope (``request.CHUNK_NOW``;
+_daphne.py, _uvicorn.py): a plain call that writes a piece at once, as ``send`` would, or says
+False where ``send`` would do otherwise. The pump tries it first, which saves the message and the
+coroutine per token; a piece it refuses goes through ``send`` as above.
 """
 
 from __future__ import annotations
