@@ -74,7 +74,7 @@ class Pump:
         expected: int | None,
     ) -> None:  # fmt: skip
         self.send = request.sender
-        # The server's own way to write a piece at once (Daphne under ``serve``), if any.
+        # The server's own way to write a piece at once (under ``serve``, either server).
         self.direct = (request.scope.get("extensions") or {}).get(CHUNK_NOW)
         self.response = response
         self.progress = lease.progress  # per chunk: the child is not hung

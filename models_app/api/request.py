@@ -52,8 +52,8 @@ def request_id_from(value: bytes | None) -> str:
 
 
 # The scope extension a server may offer for a streamed answer's pieces: a callable that writes
-# one at once and says True, or says False when it must go as an ASGI message (``serve`` on
-# Daphne offers it, _daphne.chunk_now; the pump uses it, pump.py).
+# one at once and says True, or says False when it must go as an ASGI message (``serve`` offers
+# it under both servers, _daphne.chunk_now and _uvicorn.chunk_now; the pump uses it, pump.py).
 CHUNK_NOW = "routerpanel.chunk_now"
 
 # Request ids this process makes: a random prefix per process and a counter (a uuid4 per
