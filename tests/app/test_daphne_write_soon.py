@@ -12,18 +12,16 @@ The server runs in a child Python (Daphne installs Twisted's reactor); it counts
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.support.daphne_child import daphne_child, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0
@@ -107,29 +105,8 @@ server.run()
 
 @pytest.fixture
 def base_url(tmp_path: Path) -> Iterator[str]:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "routerpanel.settings",
-        "ROUTERPANEL_DATA_DIR": str(tmp_path),
-    }
-    child = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(BIG)], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        assert child.stdout is not None
-        line = child.stdout.readline()  # the child prints its port once it listens
-        if not line.startswith("listening"):
-            child.kill()
-            pytest.fail(f"server did not start: {line!r} {child.communicate(timeout=10)[1]}")
-        yield f"http://127.0.0.1:{line.split()[1]}"
-    finally:
-        child.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=DEADLINE)
-        if child.poll() is None:
-            child.kill()
-            child.wait(timeout=DEADLINE)
+    with daphne_child(SERVER, str(BIG), data_dir=tmp_path) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def add_writers(client: httpx.Client) -> int:
@@ -312,16 +289,52 @@ def test_a_streamed_piece_is_sent_at_once_only_when_nothing_waits_before_it(
     one; what the socket does not take, or everything otherwise, goes Twisted's way (after
     what Twisted holds). Bytes sent ahead of what Twisted holds would reach the client out of
     order, which a black-box client catches only by luck."""
-    env = {**os.environ, "ROUTERPANEL_DATA_DIR": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-c", SEND_RULES], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=DEADLINE,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    last = run_script(SEND_RULES, tmp_path)
+    seen = json.loads(last)
     whole = {"socket": ["0123456789"], "twisted": []}
     deferred = {"socket": [], "twisted": ["0123456789"]}
     assert seen.pop("idle") == whole
     assert seen.pop("the socket takes 3") == {"socket": ["012"], "twisted": ["3456789"]}
     for name, result in seen.items():
         assert result == deferred, name
+
+
+FLUSH_NOW = r"""
+import asyncio, json, os
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
+import django
+django.setup()
+from models_app.management.commands import _daphne  # installs the reactor
+
+class Transport:  # what _SoonWriter's flush reads of twisted.internet.tcp.Server
+    connected, dataBuffer, _tempDataBuffer = 1, b"", []
+    def __init__(self):
+        self.writes = 0
+    def fileno(self):
+        return 7
+    def doWrite(self):
+        self.writes += 1
+    def startWriting(self):
+        pass
+
+async def main():
+    transport = Transport()
+    writer = _daphne._SoonWriter(transport)
+    writer.install()
+    transport.startWriting()           # an answer's bytes are buffered: a flush is due ...
+    transport.startWriting()           # ... once, however many writes come in the turn
+    _daphne.send_now(transport)        # the answer is complete: sent now
+    now = transport.writes
+    await asyncio.sleep(0.05)          # the due flush was cancelled: nothing more
+    later = transport.writes
+    _daphne.send_now(transport)        # nothing due: nothing to send
+    print(json.dumps({"now": now, "later": later, "idle": transport.writes}))
+
+asyncio.run(main())
+"""
+
+
+def test_the_end_of_an_answer_is_sent_in_its_own_turn_once(tmp_path: Path) -> None:
+    """``send_now``: the flush due at the end of the turn happens at once, and only once."""
+    last = run_script(FLUSH_NOW, tmp_path)
+    assert json.loads(last) == {"now": 1, "later": 1, "idle": 1}

@@ -21,15 +21,20 @@ connection reset (closing a socket with unread data resets it).
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
+import daphne.http_protocol
 from daphne.server import Server
-from twisted.internet import defer, reactor, tcp
+from twisted.internet import defer, error, reactor, tcp
+from twisted.python import deprecate
 from twisted.python.failure import Failure
 from twisted.web import http
+from twisted.web.http import Request as TwistedRequest
 
 from models_app.api.app import is_api_path
 from models_app.api.config import ApiConfig
@@ -37,6 +42,7 @@ from models_app.api.errors import error_body
 from models_app.api.request import CHUNK_NOW, JSON_TYPE, body_timeout
 
 LINGER = 5.0  # seconds an answered connection keeps draining the client's upload before closing
+ASGI_VERSION = {"version": "3.0"}
 REASONS = {408: b"Request Timeout", 413: b"Content Too Large"}
 
 
@@ -81,30 +87,46 @@ class RouterPanelServer(Server):
 
     async def handle_reply(self, protocol: Any, message: dict[str, Any]) -> None:
         """The application's ``send``. A piece of a streamed body, once the head went out, is
-        written here as one chunk (see ``chunk_now``); anything else goes Daphne's way."""
-        if (
-            message.get("more_body")
-            and message["type"] == "http.response.body"
-            and chunk_now(protocol, message.get("body", b""))
-        ):
-            return
-        await super().handle_reply(protocol, message)
+        written here as one chunk (see ``chunk_now``); anything else goes Daphne's way, and the
+        end of an answer is sent at once (``send_now``)."""
+        if message["type"] != "http.response.body":
+            await super().handle_reply(protocol, message)
+        elif message.get("more_body"):
+            if not chunk_now(protocol, message.get("body", b"")):
+                await super().handle_reply(protocol, message)
+        else:  # the answer's last piece: it leaves now, not at the end of the loop's turn
+            channel = getattr(protocol, "channel", None)  # Twisted drops it when finished
+            await super().handle_reply(protocol, message)
+            if channel is not None:
+                send_now(channel.transport)
 
     def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
-        """Daphne's, with ``chunk_now`` for this request in the scope's extensions
-        (``request.CHUNK_NOW``): the proxy's pump writes each streamed piece with it, without an
-        ASGI message and a coroutine per token."""
-        if isinstance(protocol, http.Request):
-            extensions = scope.setdefault("extensions", {})
-            extensions[CHUNK_NOW] = functools.partial(chunk_now, protocol)
-        return super().create_application(protocol, scope)
+        """Daphne's, for an HTTP request with ``chunk_now`` in the scope's extensions
+        (``request.CHUNK_NOW``: the proxy's pump writes each streamed piece with it, without an
+        ASGI message and a coroutine per token) and a ``_RequestInbox`` for its input instead of
+        an ``asyncio.Queue`` (a sixth of what this call cost). WebSockets go Daphne's way."""
+        if not isinstance(protocol, TwistedRequest):
+            return super().create_application(protocol, scope)
+        connection = self.connections.get(protocol)
+        if connection is None:  # the client left before its request was complete
+            return None
+        assert "application_instance" not in connection
+        scope.setdefault("asgi", ASGI_VERSION)
+        extensions = scope.setdefault("extensions", {})
+        extensions[CHUNK_NOW] = functools.partial(chunk_now, protocol)
+        inbox = _RequestInbox()
+        instance = self.application(
+            scope=scope, receive=inbox.get, send=functools.partial(self.handle_reply, protocol)
+        )
+        connection["application_instance"] = asyncio.ensure_future(instance)
+        return inbox
 
     def protocol_connected(self, protocol: Any) -> None:
-        if isinstance(protocol, http.Request):
+        if isinstance(protocol, TwistedRequest):
             protocol._parsePOSTFormSubmission = False
             BodyGuard(protocol, self.body_limit, self.body_timeout).install()
             if protocol.channel is not None:
-                write_soon(protocol.channel.transport)
+                tune_channel(protocol)
         super().protocol_connected(protocol)
 
     # ``serve`` prints its URL once every endpoint listens, and reports a failed listen itself
@@ -122,6 +144,48 @@ class RouterPanelServer(Server):
     def listen_error(self, failure: Failure) -> None:
         self.listen_failure = failure.value
         self.stop()
+
+
+class _RequestInbox:
+    """One HTTP request's input to its application: ``asyncio.Queue``'s ``put_nowait`` and
+    ``get``, without what a request never uses (a bound, ``join``, a lock-like event).
+
+    Daphne puts the body and, at the end, ``http.disconnect`` with ``put_nowait``; the
+    application takes them with ``get``. Several getters wait in turn, in the order they came;
+    a getter cancelled after it was woken hands the wake-up on, as ``asyncio.Queue`` does.
+    """
+
+    __slots__ = ("getters", "items")
+
+    def __init__(self) -> None:
+        self.items: collections.deque[dict[str, Any]] = collections.deque()
+        self.getters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def put_nowait(self, item: dict[str, Any]) -> None:
+        self.items.append(item)
+        self._wake()
+
+    async def get(self) -> dict[str, Any]:
+        while not self.items:
+            getter = asyncio.get_running_loop().create_future()
+            self.getters.append(getter)
+            try:
+                await getter
+            except BaseException:
+                getter.cancel()
+                with contextlib.suppress(ValueError):
+                    self.getters.remove(getter)
+                if self.items:  # woken, then cancelled: the next getter takes the item
+                    self._wake()
+                raise
+        return self.items.popleft()
+
+    def _wake(self) -> None:
+        while self.getters:
+            getter = self.getters.popleft()
+            if not getter.done():
+                getter.set_result(None)
+                return
 
 
 def chunk_now(request: Any, body: bytes) -> bool:
@@ -156,6 +220,22 @@ def write_chunk(request: Any, body: bytes) -> None:
         transport.write(frame)
 
 
+def _unwrap_daphne_http() -> None:
+    """Let Daphne reach ``twisted.web.http`` itself, not through Twisted's deprecation proxy.
+
+    Twisted wraps the module in a ``_ModuleProxy`` that warns on deprecated names; Daphne calls
+    ``http.Request.write``, ``http.Request.finish`` and others through it, several times per
+    request, and each lookup runs the proxy's Python ``__getattribute__`` (3 % of the server's
+    time per ``/tokenize`` in a profile). Daphne uses none of the deprecated names.
+    """
+    proxy = daphne.http_protocol.http
+    if isinstance(proxy, deprecate._ModuleProxy):
+        daphne.http_protocol.http = object.__getattribute__(proxy, "_module")
+
+
+_unwrap_daphne_http()
+
+
 def quiet_access_log(factory: http.HTTPFactory) -> None:
     """Stop Twisted's HTTP factory from writing an access line per request.
 
@@ -170,6 +250,91 @@ def quiet_access_log(factory: http.HTTPFactory) -> None:
 
 def _no_access_line(request: http.Request) -> None:
     """Write nothing (``HTTPFactory.log`` once ``quiet_access_log`` ran)."""
+
+
+def tune_channel(request: Any) -> None:
+    """Once per connection, at its first request: take Twisted's per-request work that gives
+    the same answer for the whole connection off each following request.
+
+    * Its writes go out at the end of the loop's turn (``write_soon``).
+    * Its idle timeout is an asyncio timer (``_IdleTimer``), not one in Twisted's own timer
+      heap, which re-arms the asyncio timer under it at each change.
+    * Its addresses are the ones its first request read: Twisted's ``Request`` asks the
+      channel for both on every request (a ``getsockname`` system call and an address object
+      each time). A plain TCP connection says it is not TLS without Daphne's zope interface
+      lookup per request.
+    """
+    channel = request.channel
+    if "getHost" in vars(channel):
+        return
+    transport = channel.transport
+    write_soon(transport)
+    _IdleTimer(channel).install()
+    host, peer = request.host, request.client  # what Twisted's Request just asked the channel
+    channel.getHost = lambda: host
+    channel.getPeer = lambda: peer
+    if isinstance(transport, tcp.Server) and not transport.TLS:
+        channel.isSecure = _plain
+
+
+def _plain() -> bool:
+    """``isSecure`` of a plain TCP connection (``tune_channel``)."""
+    return False
+
+
+class _IdleTimer:
+    """A connection's idle timeout: Twisted's ``TimeoutMixin`` contract on an asyncio timer.
+
+    Twisted stops the idle timeout when a request starts (``setTimeout(None)``), starts it
+    again when the answer is done, and moves it on each read (``resetTimeout``), all in its own
+    timer heap, which re-arms its asyncio timer each time. Here the timer is asyncio's own, and
+    a read only moves ``deadline``: the timer, when it fires, times the connection out or sleeps
+    on to the moved deadline. ``setTimeout(None)`` cancels it; a lost connection calls that.
+    """
+
+    __slots__ = ("channel", "deadline", "handle", "loop")
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self.loop = asyncio.get_running_loop()
+        self.deadline = 0.0
+        self.handle: asyncio.TimerHandle | None = None
+
+    def install(self) -> None:
+        channel = self.channel
+        armed = channel._TimeoutMixin__timeoutCall
+        if armed is not None:  # Twisted's own timer, set when the connection was made
+            with contextlib.suppress(error.AlreadyCalled, error.AlreadyCancelled):
+                armed.cancel()
+            channel._TimeoutMixin__timeoutCall = None
+            self.set_timeout(channel.timeOut)
+        channel.setTimeout = self.set_timeout
+        channel.resetTimeout = self.reset
+
+    def set_timeout(self, period: float | None) -> float | None:
+        """``TimeoutMixin.setTimeout``: the new period (None: no timeout); returns the old."""
+        channel = self.channel
+        previous: float | None = channel.timeOut
+        channel.timeOut = period
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        if period is not None:
+            self.deadline = self.loop.time() + period
+            self.handle = self.loop.call_at(self.deadline, self.fire)
+        return previous
+
+    def reset(self) -> None:
+        """``TimeoutMixin.resetTimeout``: the period starts again now, if there is one."""
+        if self.handle is not None and self.channel.timeOut is not None:
+            self.deadline = self.loop.time() + self.channel.timeOut
+
+    def fire(self) -> None:
+        if self.loop.time() < self.deadline:  # moved since: sleep on to it
+            self.handle = self.loop.call_at(self.deadline, self.fire)
+            return
+        self.handle = None
+        self.channel.timeoutConnection()
 
 
 def write_soon(transport: Any) -> None:
@@ -189,10 +354,21 @@ def write_soon(transport: Any) -> None:
     _SoonWriter(transport).install()
 
 
+def send_now(transport: Any) -> None:
+    """Send what a connection under ``write_soon`` holds now, not at the end of the turn.
+
+    For the end of an answer: nothing else of it can come in this turn, so waiting for the
+    turn's end only costs the loop one more turn (and the client the time it takes).
+    """
+    writer = getattr(transport.startWriting, "__self__", None)
+    if type(writer) is _SoonWriter and writer.pending:
+        writer.flush_now()
+
+
 class _SoonWriter:
     """One connection's writes, flushed at the end of the loop's turn (see ``write_soon``)."""
 
-    __slots__ = ("loop", "pending", "transport", "watch")
+    __slots__ = ("due", "loop", "pending", "transport", "watch")
 
     def __init__(self, transport: tcp.Server) -> None:
         self.transport = transport
@@ -200,6 +376,7 @@ class _SoonWriter:
         self.watch: Callable[[], None] = transport.startWriting
         self.loop = asyncio.get_running_loop()
         self.pending = False
+        self.due: asyncio.Handle | None = None
 
     def install(self) -> None:
         self.transport.startWriting = self.start_writing  # type: ignore[method-assign]
@@ -209,7 +386,13 @@ class _SoonWriter:
         if self.pending or self.transport in reactor._writers:
             return  # a flush is due, or the reactor already waits to write the rest
         self.pending = True
-        self.loop.call_soon(self.flush)
+        self.due = self.loop.call_soon(self.flush)
+
+    def flush_now(self) -> None:
+        """The flush that is due, at once (``send_now``)."""
+        if self.due is not None:
+            self.due.cancel()
+        self.flush()
 
     def send(self, data: bytes) -> None:
         """Send ``data`` now when nothing is waiting to go before it; what the socket does not
@@ -239,7 +422,7 @@ class _SoonWriter:
 
     def flush(self) -> None:
         """Send what can be sent now, as the reactor would once told the socket is writable."""
-        self.pending = False
+        self.pending, self.due = False, None
         transport = self.transport
         if not transport.connected or transport.fileno() == -1:
             return
@@ -396,5 +579,15 @@ class _Counted:
             return
         self._file.write(data)
 
-    def __getattr__(self, name: str) -> Any:  # seek, read, close, closed: the real file's
+    # Daphne and Twisted call these once or twice per request: plain methods, not __getattr__.
+    def seek(self, *args: Any) -> int:
+        return int(self._file.seek(*args))
+
+    def read(self, *args: Any) -> bytes:
+        return bytes(self._file.read(*args))
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __getattr__(self, name: str) -> Any:  # closed, and the rest: the real file's
         return getattr(self._file, name)
