@@ -136,6 +136,7 @@ class RouterPanelServer(Server):
 
     def listen_success(self, port: Any) -> None:
         quiet_access_log(self.http_factory)  # the factory has started: before any request
+        idle_timer_from_the_start(self.http_factory)
         self.ports.append(port)
         super().listen_success(port)
         if len(self.listening_addresses) == len(self.endpoints) and self.on_listening:
@@ -269,7 +270,8 @@ def tune_channel(request: Any) -> None:
         return
     transport = channel.transport
     write_soon(transport)
-    _IdleTimer(channel).install()
+    if "resetTimeout" not in vars(channel):  # a connection its factory did not build
+        _IdleTimer(channel).install()
     host, peer = request.host, request.client  # what Twisted's Request just asked the channel
     channel.getHost = lambda: host
     channel.getPeer = lambda: peer
@@ -280,6 +282,24 @@ def tune_channel(request: Any) -> None:
 def _plain() -> bool:
     """``isSecure`` of a plain TCP connection (``tune_channel``)."""
     return False
+
+
+def idle_timer_from_the_start(factory: http.HTTPFactory) -> None:
+    """Give each connection the factory builds its ``_IdleTimer`` before it is made, so that
+    Twisted's own timer is never armed (``connectionMade`` starts the idle timeout). Once per
+    factory; a connection is built for every accepted socket, before any request."""
+    if "buildProtocol" in vars(factory):
+        return
+    build = factory.buildProtocol
+
+    def build_protocol(address: Any) -> Any:
+        protocol = build(address)
+        channel = getattr(protocol, "_channel", None)  # HTTP/1.1 behind Twisted's generic one
+        if channel is not None:
+            _IdleTimer(channel).install()
+        return protocol
+
+    factory.buildProtocol = build_protocol  # type: ignore[assignment]
 
 
 class _IdleTimer:
