@@ -24,7 +24,6 @@ import pytest
 
 from tests.support.daphne_child import daphne_child, run_script
 
-ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0
 IDLE = 1.0  # the server's idle timeout in these tests (Daphne's own: 12 hours)
 

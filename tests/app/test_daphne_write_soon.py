@@ -23,7 +23,6 @@ import pytest
 
 from tests.support.daphne_child import daphne_child, run_script
 
-ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0
 BIG = 8 * 1024 * 1024  # far more than a loopback socket's send buffer takes at once
 
