@@ -31,10 +31,11 @@ bridge's messages (messages.py) without a reply channel — ``router.acquire`` (
 ``router.granted`` / ``router.rejected`` payloads as on the channel layer, each naming its
 ``request_id``: many requests share the connection, multiplexed by id.
 
-**Order.** The router reads a connection's lines one at a time and hands each to the engine in
-that order, so an acquire and the cancel or release that follows it are never reordered. An
-acquire the engine decides on arrival (a grant on a loaded model with nobody queued, or a
-rejection) is answered while its line is handled; only one that has to wait gets a task.
+**Order.** Each end hands a message on as its bytes arrive (``data_received``, no reader task),
+one at a time: the router hands a connection's lines to the engine in the order they came, so
+an acquire and the cancel or release that follows it are never reordered. An acquire the
+engine decides on arrival (a grant on a loaded model with nobody queued, or a rejection) is
+answered while its line is handled; only one that has to wait gets a task.
 
 **Deadlines and loss.** The router drops an acquire whose sender gave up (``RouterHost.stale``:
 expired, another boot, sent while its heartbeat lapsed). When a connection closes, the router
@@ -151,21 +152,68 @@ def decode(line: bytes) -> dict[str, Any] | None:
     return message if isinstance(message, dict) and isinstance(message.get("type"), str) else None
 
 
-async def read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
-    """The next message; None at the end of the stream. A line that is not a message is
-    skipped; one longer than LINE_LIMIT raises ValueError (the connection is not to be trusted).
+class Lines:
+    """A stream's bytes, cut into its messages (framing in the module doc)."""
+
+    __slots__ = ("_rest",)
+
+    def __init__(self) -> None:
+        self._rest = b""  # the start of a line whose end has not come yet
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """The messages ``data`` completes. A line that is not a message is skipped; one longer
+        than LINE_LIMIT raises ValueError (the connection is not to be trusted). A partial last
+        line at the end of the stream is no message."""
+        if self._rest:
+            data = self._rest + data
+        *lines, self._rest = data.split(b"\n")
+        if len(self._rest) > LINE_LIMIT:
+            raise ValueError("message longer than the line limit")
+        messages = []
+        for line in lines:
+            if len(line) > LINE_LIMIT:
+                raise ValueError("message longer than the line limit")
+            message = decode(line)
+            if message is None:
+                log.warning("router link: skipped a line that is not a message: %.80r", line)
+            else:
+                messages.append(message)
+        return messages
+
+
+class _LineProtocol(asyncio.Protocol):
+    """One end of a link: each message is handed on in ``data_received``, as it arrives.
+
+    No reader task: asyncio's streams wake a task per read, one loop turn more per message on
+    each end than handing the message on from the protocol.
     """
-    while True:
+
+    transport: asyncio.Transport
+
+    def __init__(self) -> None:
+        self._lines = Lines()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
         try:
-            line = await reader.readuntil(b"\n")
-        except asyncio.IncompleteReadError:
-            return None  # closed (a partial last line is no message)
-        except asyncio.LimitOverrunError as exc:
-            raise ValueError("message longer than the line limit") from exc
-        message = decode(line)
-        if message is not None:
-            return message
-        log.warning("router link: skipped a line that is not a message: %.80r", line)
+            messages = self._lines.feed(data)
+        except ValueError as exc:
+            log.info("router link: closing a connection: %s", exc)
+            self.failed(f"the connection to the router failed: {exc}")
+            self.transport.abort()
+            return
+        for message in messages:
+            if self.transport.is_closing():
+                return  # closed by an earlier message (a refused proof): read nothing more
+            self.received(message)
+
+    def received(self, message: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def failed(self, why: str) -> None:
+        """The connection is about to close for ``why`` (a message over the limit)."""
 
 
 # ---- router side ----------------------------------------------------------------------------
@@ -184,7 +232,8 @@ class LinkServer:
         self.tcp = tcp  # where to listen for other hosts (port 0: any free port)
         self.tcp_link = ""  # the TCP address advertised once listening ("" when not)
         self._key = key
-        self.peers: set[_Peer] = set()
+        self.peers: set[_Peer] = set()  # the connections that may send messages
+        self.connections: set[_PeerProtocol] = set()  # every open one, proven or not
         self.refused = 0  # TCP connections that failed to prove the key (tests, logs)
         self._server: asyncio.AbstractServer | None = None
         self._tcp_server: asyncio.AbstractServer | None = None
@@ -197,12 +246,13 @@ class LinkServer:
         if self.address.kind != "unix":
             return ""
         path = Path(self.address.path)
+        loop = asyncio.get_running_loop()
         try:
             _remove_stale(path)  # the router's lock says no other router owns this data dir
             old = os.umask(0o177)  # created 0600: no moment where another user could connect
             try:
-                self._server = await asyncio.start_unix_server(
-                    self._serve, path=str(path), limit=LINE_LIMIT
+                self._server = await loop.create_unix_server(
+                    lambda: _PeerProtocol(self, authenticate=False), path=str(path)
                 )
             finally:
                 os.umask(old)
@@ -215,9 +265,10 @@ class LinkServer:
     async def _start_tcp(self, tcp: Address) -> None:
         if self._key is None:
             self._key = link_key()
+        loop = asyncio.get_running_loop()
         try:
-            self._tcp_server = await asyncio.start_server(
-                self._serve_tcp, tcp.host, tcp.port, limit=LINE_LIMIT
+            self._tcp_server = await loop.create_server(
+                lambda: _PeerProtocol(self, authenticate=True), tcp.host, tcp.port
             )
         except OSError as exc:
             log.warning("router link: cannot listen on %s (%s); not over TCP", tcp, exc)
@@ -236,8 +287,8 @@ class LinkServer:
             return
         for server in servers:
             server.close()
-        for peer in list(self.peers):
-            peer.writer.close()
+        for connection in list(self.connections):
+            connection.transport.close()
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
                 for server in servers:
@@ -246,61 +297,80 @@ class LinkServer:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.address.path)
 
-    async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        await self._serve(reader, writer, authenticate=True)
 
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-        authenticate: bool = False,
-    ) -> None:  # fmt: skip
-        peer = _Peer(self.host, writer)
-        try:
-            if authenticate and not await self._authenticate(peer, reader):
-                return
-            self.peers.add(peer)
-            if not authenticate:
-                peer.send({"type": HELLO, "boot": self.host.boot, "protocol": PROTOCOL})
-            while (message := await read_message(reader)) is not None:
-                try:
-                    peer.handle(message)  # one at a time, in order (see module doc)
-                except Exception:  # a malformed message must not end the others' connection
-                    log.exception("router link: message %s failed", message.get("type"))
-        except (ConnectionError, ValueError) as exc:
-            log.info("router link: a connection ended: %s", exc)
-        finally:
-            self.peers.discard(peer)
-            peer.closed()
-            writer.close()
+class _PeerProtocol(_LineProtocol):
+    """The router's end of one connection: the hello, the proof of the key (TCP), then each
+    message handed to the ``_Peer`` in the order it came (module doc)."""
 
-    async def _authenticate(self, peer: _Peer, reader: asyncio.StreamReader) -> bool:
-        """TCP: the hello with a nonce, then the proof of the key within CONNECT_TIMEOUT."""
-        assert self._key is not None
-        nonce = secrets.token_hex(16)
-        peer.send({"type": HELLO, "boot": self.host.boot, "protocol": PROTOCOL, "nonce": nonce})
+    def __init__(self, server: LinkServer, authenticate: bool) -> None:
+        super().__init__()
+        self.server = server
+        self.nonce = secrets.token_hex(16) if authenticate else ""  # "" once proven
+        self._deadline: asyncio.TimerHandle | None = None
+        self.peer: _Peer
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        server = self.server
+        server.connections.add(self)
+        self.peer = _Peer(server.host, self.transport)
+        hello = {"type": HELLO, "boot": server.host.boot, "protocol": PROTOCOL}
+        if self.nonce:  # TCP: the first line must prove the key, within CONNECT_TIMEOUT
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.peer.send(hello | {"nonce": self.nonce})
+            loop = asyncio.get_running_loop()
+            self._deadline = loop.call_later(CONNECT_TIMEOUT, self._refuse)
+        else:
+            server.peers.add(self.peer)
+            self.peer.send(hello)
+
+    def received(self, message: dict[str, Any]) -> None:
+        if self.nonce:
+            self._authenticate(message)
+            return
         try:
-            async with asyncio.timeout(CONNECT_TIMEOUT):
-                message = await read_message(reader)
-        except TimeoutError:
-            message = None
-        given = message.get("proof") if message is not None else None
+            self.peer.handle(message)  # one at a time, in order (see module doc)
+        except Exception:  # a malformed message must not end the others' connection
+            log.exception("router link: message %s failed", message.get("type"))
+
+    def _authenticate(self, message: dict[str, Any]) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        key = self.server._key
+        given = message.get("proof")
         if (
-            message is None
+            key is None
             or message["type"] != AUTH
             or not isinstance(given, str)
-            or not hmac.compare_digest(given, proof(self._key, nonce))
+            or not hmac.compare_digest(given, proof(key, self.nonce))
         ):
-            self.refused += 1
-            log.warning(
-                "router link: refused a TCP connection from %s (no proof of the key: another "
-                "SECRET_KEY, or not a web process)",
-                peer.writer.get_extra_info("peername"),
-            )
-            return False
-        peer.send({"type": READY})
-        return True
+            self._refuse()
+            return
+        self.nonce = ""
+        self.server.peers.add(self.peer)
+        self.peer.send({"type": READY})
+
+    def _refuse(self) -> None:
+        if self.transport.is_closing():
+            return
+        self.server.refused += 1
+        log.warning(
+            "router link: refused a TCP connection from %s (no proof of the key: another "
+            "SECRET_KEY, or not a web process)",
+            self.transport.get_extra_info("peername"),
+        )
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        if exc is not None:
+            log.info("router link: a connection ended: %s", exc)
+        self.server.connections.discard(self)
+        self.server.peers.discard(self.peer)
+        self.peer.closed()
 
 
 def _remove_stale(path: Path) -> None:
@@ -317,16 +387,16 @@ def _remove_stale(path: Path) -> None:
 class _Peer:
     """One web process's connection, router side: its waiting acquires and granted leases."""
 
-    def __init__(self, host: RouterHost, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, host: RouterHost, transport: asyncio.Transport) -> None:
         self.host = host
-        self.writer = writer
+        self.transport = transport
         self.acquires: dict[str, asyncio.Task[Any]] = {}
         self.leases: dict[str, str] = {}  # lease id -> request id, granted over this connection
         self.open = True
 
     def send(self, message: Mapping[str, Any]) -> None:
-        if self.open and not self.writer.is_closing():
-            self.writer.write(encode(message))
+        if self.open and not self.transport.is_closing():
+            self.transport.write(encode(message))
 
     async def answer(self, message: AcquireAnswer) -> None:
         self.send(message)
@@ -398,15 +468,15 @@ class _Peer:
 class Connection:
     """A web process's connection to its router, shared by every request of its event loop."""
 
-    def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, boot: str
-    ) -> None:
-        self.writer = writer
+    def __init__(self, protocol: _ClientProtocol, boot: str) -> None:
+        self.transport = protocol.transport
         self.boot = boot
         self.pending: dict[str, asyncio.Queue[dict[str, Any] | str]] = {}
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._reader = asyncio.ensure_future(self._read(reader))
         self._watcher: asyncio.Task[None] | None = None
+        protocol.connection = self
+        if protocol.lost is not None:  # closed during the handshake's last turn
+            self.close(protocol.lost)
 
     @property
     def open(self) -> bool:
@@ -414,13 +484,14 @@ class Connection:
 
     def watch(self, watch: RouterWatch) -> None:
         """Answer this connection's waiters 503 when the heartbeat says its router is gone."""
-        self._watcher = asyncio.ensure_future(self._until_gone(watch))
+        if self.open:
+            self._watcher = asyncio.ensure_future(self._until_gone(watch))
 
     def send(self, message: Mapping[str, Any]) -> bool:
         """Write a message; False when the connection is closed."""
         if not self.open:
             return False
-        self.writer.write(encode(message))
+        self.transport.write(encode(message))
         return True
 
     def expect(self, request_id: str) -> asyncio.Queue[dict[str, Any] | str]:
@@ -434,31 +505,23 @@ class Connection:
     def forget(self, request_id: str) -> None:
         self.pending.pop(request_id, None)
 
+    def received(self, message: dict[str, Any]) -> None:
+        queue = self.pending.get(str(message.get("request_id")))
+        if queue is not None:
+            queue.put_nowait(message)
+
     def close(self, why: str = "the connection to the router closed") -> None:
         if self.closed.done():
             return
         self.closed.set_result(why)
-        self.writer.close()
+        self.transport.close()
         self._fail_pending(why)
-        for task in (self._reader, self._watcher):
-            if task is not None and task is not asyncio.current_task():
-                task.cancel()
+        if self._watcher is not None and self._watcher is not asyncio.current_task():
+            self._watcher.cancel()
 
     def _fail_pending(self, why: str) -> None:
         for queue in self.pending.values():
             queue.put_nowait(why)
-
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        why = "the connection to the router closed"
-        try:
-            while (message := await read_message(reader)) is not None:
-                queue = self.pending.get(str(message.get("request_id")))
-                if queue is not None:
-                    queue.put_nowait(message)
-        except (ConnectionError, ValueError) as exc:
-            why = f"the connection to the router failed: {exc}"
-        finally:
-            self.close(why)
 
     async def _until_gone(self, watch: RouterWatch) -> None:
         while self.open:
@@ -469,6 +532,41 @@ class Connection:
                 return
             changed = watch.changed
             await changed.wait()
+
+
+class _ClientProtocol(_LineProtocol):
+    """The web process's end: the handshake's messages wait in ``early``; after it, each
+    answer goes straight to the queue of the request it names (``Connection.received``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.early: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.connection: Connection | None = None
+        self.lost: str | None = None  # why it closed
+        self._why = "the connection to the router closed"
+
+    def received(self, message: dict[str, Any]) -> None:
+        if self.connection is not None:
+            self.connection.received(message)
+        else:
+            self.early.put_nowait(message)
+
+    def failed(self, why: str) -> None:
+        self._why = why
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        why = self._why if exc is None else f"the connection to the router failed: {exc}"
+        self.lost = why
+        if self.connection is not None:
+            self.connection.close(why)
+        else:
+            self.early.put_nowait(None)
+
+    async def next(self) -> dict[str, Any] | None:
+        """The next message of the handshake; None once closed."""
+        if self.lost is not None and self.early.empty():
+            return None
+        return await self.early.get()
 
 
 class Link:
@@ -492,29 +590,31 @@ class Link:
         return await self._connecting.run(lambda: self._connect(watch))
 
     async def _connect(self, watch: RouterWatch) -> Connection | None:
-        writer = None
+        protocol = None
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
-                reader, writer = await _open(self.address)
-                hello = await read_message(reader)
+                protocol = await _open(self.address)
+                hello = await protocol.next()
                 if hello is None or hello.get("type") != HELLO:
                     raise ConnectionError(f"no hello from the router: {hello!r}")
                 if "nonce" in hello:  # TCP: prove the key (module doc)
                     nonce = str(hello["nonce"])
-                    writer.write(encode({"type": AUTH, "proof": proof(link_key(), nonce)}))
-                    ready = await read_message(reader)
+                    protocol.transport.write(
+                        encode({"type": AUTH, "proof": proof(link_key(), nonce)})
+                    )
+                    ready = await protocol.next()
                     if ready is None or ready.get("type") != READY:
                         raise ConnectionError("the router refused the key (another SECRET_KEY?)")
         except (OSError, TimeoutError, ValueError) as exc:
-            if writer is not None:
-                writer.close()
+            if protocol is not None:
+                protocol.transport.close()
             if self._backoff == FIRST_BACKOFF:
                 log.warning("router link: cannot connect to %s (%s)", self.address, exc)
             self._retry_at = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, MAX_BACKOFF)
             return None
         self._backoff = FIRST_BACKOFF
-        conn = Connection(reader, writer, str(hello.get("boot") or ""))
+        conn = Connection(protocol, str(hello.get("boot") or ""))
         conn.watch(watch)
         self.connection = conn
         return conn
@@ -524,14 +624,16 @@ class Link:
             self.connection.close()
 
 
-async def _open(address: Address) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _open(address: Address) -> _ClientProtocol:
+    loop = asyncio.get_running_loop()
     if address.kind == "unix":
-        return await asyncio.open_unix_connection(address.path, limit=LINE_LIMIT)
-    reader, writer = await asyncio.open_connection(address.host, address.port, limit=LINE_LIMIT)
-    sock = writer.get_extra_info("socket")
+        _, protocol = await loop.create_unix_connection(_ClientProtocol, address.path)
+        return protocol
+    _, protocol = await loop.create_connection(_ClientProtocol, address.host, address.port)
+    sock = protocol.transport.get_extra_info("socket")
     if sock is not None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return reader, writer
+    return protocol
 
 
 _links: dict[tuple[int, str], Link] = {}

@@ -41,6 +41,16 @@ async def host(tmp_path: Path) -> AsyncIterator[RouterHost]:
     await asyncio.wait_for(host.stop(), DEADLINE)
 
 
+async def read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next message on a raw connection (bad lines skipped); None when it closed."""
+    while True:
+        line = await reader.readline()
+        if not line.endswith(b"\n"):
+            return None
+        if (message := routerlink.decode(line)) is not None:
+            return message
+
+
 class Raw:
     """A web process's side of the socket, spoken by hand."""
 
@@ -59,7 +69,7 @@ class Raw:
 
     async def next(self) -> dict[str, Any]:
         async with asyncio.timeout(DEADLINE):
-            message = await routerlink.read_message(self.reader)
+            message = await read_message(self.reader)
         assert message is not None, "the router closed the connection"
         return message
 
@@ -110,18 +120,40 @@ def test_a_socket_path_too_long_for_the_kernel_moves_to_the_temp_dir(tmp_path: P
     assert path != routerlink.socket_path(tmp_path / ("e" * 120))
 
 
-async def test_lines_frame_messages_and_bad_ones_are_skipped_or_refused() -> None:
-    reader = asyncio.StreamReader(limit=64)
-    reader.feed_data(b'{"type":"a","n":1}\nnot json\n[1]\n{"type":"b"}\n{"type":"c"')
-    reader.feed_eof()
-    assert await routerlink.read_message(reader) == {"type": "a", "n": 1}
-    assert await routerlink.read_message(reader) == {"type": "b"}  # two bad lines skipped
-    assert await routerlink.read_message(reader) is None  # a partial last line is no message
-    long = asyncio.StreamReader(limit=64)
-    long.feed_data(b'{"type":"x","pad":"' + b"y" * 100 + b'"}\n')
-    with pytest.raises(ValueError):
-        await routerlink.read_message(long)
+def test_lines_frame_messages_and_bad_ones_are_skipped_or_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(routerlink, "LINE_LIMIT", 64)
+    lines = routerlink.Lines()
+    assert lines.feed(b'{"type":"a","n":1}\nnot json\n[1]\n{"type":"b"}\n{"type":"c"') == [
+        {"type": "a", "n": 1},
+        {"type": "b"},  # two bad lines skipped
+    ]
+    assert lines.feed(b',"n":') == []  # the rest of a line waits for its end
+    assert lines.feed(b'2}\n{"type":"d"}\n') == [{"type": "c", "n": 2}, {"type": "d"}]
+    assert lines.feed(b"") == []
+    with pytest.raises(ValueError):  # a whole line over the limit
+        routerlink.Lines().feed(b'{"type":"x","pad":"' + b"y" * 100 + b'"}\n')
+    unended = routerlink.Lines()
+    assert unended.feed(b'{"type":"x","pad":"' + b"y" * 40) == []
+    with pytest.raises(ValueError):  # a line that has not ended but is over the limit already
+        unended.feed(b"y" * 40)
     assert routerlink.decode(routerlink.encode({"type": "t", "é": "ü"})) == {"type": "t", "é": "ü"}
+
+
+async def test_a_line_over_the_limit_closes_the_connection_and_loses_its_peer(
+    host: RouterHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw, _ = await Raw.open(host)
+    raw.send(acquire("kept", "m1"))
+    await raw.until("kept", "router.granted")
+    assert in_flight(host) == {"m1": 1}
+    monkeypatch.setattr(routerlink, "LINE_LIMIT", 64)
+    raw.writer.write(b'{"type":"router.release","pad":"' + b"y" * 100)  # no end in sight
+    async with asyncio.timeout(DEADLINE):
+        assert await read_message(raw.reader) is None  # the router closed the connection
+    await until(lambda: in_flight(host) == {}, "its lease ended with the connection")
+    assert not host.link.peers and not host.link.connections
 
 
 # ---- the router's listener ----------------------------------------------------------------
@@ -451,20 +483,20 @@ async def test_a_tcp_peer_without_the_key_is_refused_before_any_message(
     address = Address.parse(tcp_host.link.tcp_link)
     assert address is not None
     reader, writer = await asyncio.open_connection(address.host, address.port)
-    hello = await routerlink.read_message(reader)
+    hello = await read_message(reader)
     assert hello is not None and hello["type"] == "link.hello" and len(hello["nonce"]) == 32
     wrong = routerlink.proof(routerlink.link_key("another installation's key"), hello["nonce"])
     writer.write(routerlink.encode({"type": "link.auth", "proof": wrong}))
     writer.write(routerlink.encode(acquire("sneaky", "m1")))
     async with asyncio.timeout(DEADLINE):
-        assert await routerlink.read_message(reader) is None  # closed, nothing answered
+        assert await read_message(reader) is None  # closed, nothing answered
     writer.close()
     # no proof at all: the first line is an acquire
     reader, writer = await asyncio.open_connection(address.host, address.port)
-    await routerlink.read_message(reader)
+    await read_message(reader)
     writer.write(routerlink.encode(acquire("sneakier", "m1")))
     async with asyncio.timeout(DEADLINE):
-        assert await routerlink.read_message(reader) is None
+        assert await read_message(reader) is None
     writer.close()
     assert tcp_host.link.refused == 2 and tcp_host.acquires["socket"] == 0
     assert in_flight(tcp_host) == {}
