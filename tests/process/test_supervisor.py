@@ -97,6 +97,25 @@ class TestReadiness:
         assert probes == []  # the same probe does make a plain child ready (next test)
         assert sup.live()["m"].ready
 
+    async def test_the_load_time_counts_from_the_spawn_even_when_the_loop_resumes_late(
+        self, sup: Supervisor, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A busy machine: the child runs while the spawning task waits to be resumed."""
+        loop = asyncio.get_running_loop()
+        spawn = loop.subprocess_exec
+
+        async def slow_to_resume(*args: object, **kwargs: object) -> object:
+            spawned = await spawn(*args, **kwargs)  # type: ignore[arg-type]
+            time.sleep(0.4)  # the loop is held up: the child loads meanwhile
+            return spawned
+
+        monkeypatch.setattr(loop, "subprocess_exec", slow_to_resume)
+        await sup.spawn(
+            "m", sim("--sim-load-ms", "300"), {}, child_protocol=True, load_timeout=WAIT
+        )
+        _, ready = await recorder.wait_for(ChildReady, name="m")
+        assert ready.load_seconds >= 0.3  # counted from the spawn's return: 0.002 s
+
     async def test_a_plain_child_is_ready_when_health_answers_200(
         self, sup: Supervisor, recorder: Recorder
     ) -> None:
