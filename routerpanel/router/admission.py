@@ -294,18 +294,11 @@ class Admission:
 
     def _evict(self, now: float) -> None:
         """A5: while demand exceeds what is free or being freed, stop the LRU idle model."""
-        config, queued = self._config, self._queue.models()
+        queued = self._queue.models()
         if self._pick_victim(queued) is None:
             return  # nothing could be stopped for any need: wait (the loop below would too)
         self._order(now)
-        running = [m for m in self._models.values() if m.state in RUNNING]
-        # A stopping child frees a slot, unless stuck or its own entry waits to reuse it.
-        freeing = [m for m in running if m.stopping and m.state is not STUCK]
-        freeing = [m for m in freeing if m.spec.name not in queued]
-        free_n = math.inf if config.unlimited else config.models_max - len(running) + len(freeing)
-        budget = config.memory_budget
-        free_b = math.inf if budget is None else budget - sum(map(_estimate, running))
-        free_b += sum(map(_estimate, freeing))
+        free_n, free_b = self._room(queued)
         needs: list[Entry | None] = [None]  # None: the deficit after lowering a limit
         needs += [
             e for e in self._queue
@@ -323,6 +316,20 @@ class Admission:
                 self._stop(victim, reason, trigger, now)
                 free_n, free_b = free_n + 1, free_b + _estimate(victim)
             free_n, free_b = free_n - need_n, free_b - need_b
+
+    def _room(self, queued: set[str]) -> tuple[float, float]:
+        """Return the slots and bytes free or being freed; negative after a limit was lowered.
+
+        A stopping child frees its slot, unless it is stuck or its own entry waits to reuse it.
+        """
+        config = self._config
+        running = [m for m in self._models.values() if m.state in RUNNING]
+        freeing = [m for m in running if m.stopping and m.state is not STUCK]
+        freeing = [m for m in freeing if m.spec.name not in queued]
+        free_n = math.inf if config.unlimited else config.models_max - len(running) + len(freeing)
+        budget = config.memory_budget
+        free_b = math.inf if budget is None else budget - sum(map(_estimate, running))
+        return free_n, free_b + sum(map(_estimate, freeing))
 
     def _eviction_cause(self, entry: Entry | None) -> tuple[StopReason, Trigger]:
         if entry is None:

@@ -216,8 +216,28 @@ class Scheduler(Admission):
         self._queue.join(w, name, now)  # (9) A2
 
     def request_finished(self, request_id: str, *, now: float) -> list[Decision]:
-        """Release a granted proxy request; a waiting one leaves instead (A7)."""
-        self._begin()
+        """Release a granted proxy request; a waiting one leaves instead (A7).
+
+        The hot path: with nothing queued and no settle wait, the admission pass after a
+        release has nothing to serve, claim or evict for, and no queue event to send, so it
+        is skipped, unless a limit lowered while models were busy is now exceeded (A5's
+        shrink). The property machine checks this against the full pass on every step.
+        """
+        if not self._finishes_quietly():
+            self._begin()
+            self._finish(request_id, now)
+            return self._end(now)
+        self._out, self._queue_before = [], ()
+        self._finish(request_id, now)
+        if min(self._room(set())) < 0:
+            return self._end(now)
+        out, self._out = self._out, []
+        return out
+
+    def _finishes_quietly(self) -> bool:
+        return not self._queue and self._settle_since is None
+
+    def _finish(self, request_id: str, now: float) -> None:
         if self._queue.holds(request_id):
             self._queue.leave(request_id)
         name = self._granted.pop(request_id, None)
@@ -230,7 +250,6 @@ class Scheduler(Admission):
             if m.in_flight == 0 and m.drain_then is not None and not m.stopping:
                 # loaded -> loaded+stopping (drained for a reload or removal, A14)
                 self._stop(m, m.drain_then, Trigger(SCHEDULER_ACTOR), now)
-        return self._end(now)
 
     def waiter_left(self, request_id: str, *, now: float) -> list[Decision]:
         """Remove a waiter whose client went away (A7); a granted request is finished instead."""

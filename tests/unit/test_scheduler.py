@@ -214,6 +214,15 @@ class TestA5Eviction:
         assert stopped(out) == ["a", "b"]
         assert {d.reason for d in of(Stop, out)} == {StopReason.SHRINK}
 
+    def test_a5_a_release_with_nothing_queued_still_shrinks_to_a_lowered_limit(self) -> None:
+        s = sched("a", "b", models_max=2)
+        ra, rb = warm(s, "a", now=0, busy=True), warm(s, "b", now=1, busy=True)
+        assert stopped(s.settings_changed(RouterConfig(models_max=1), now=2)) == []  # both busy
+        out = s.request_finished(ra, now=3)  # nothing is queued: the release's fast path
+        assert stopped(out) == ["a"]
+        assert {d.reason for d in of(Stop, out)} == {StopReason.SHRINK}
+        assert stopped(s.request_finished(rb, now=4)) == []  # a's stop already makes room
+
 
 class TestA6UnloadBeforeLoad:
     def test_a6_it_spawns_only_after_the_victim_has_exited(self) -> None:

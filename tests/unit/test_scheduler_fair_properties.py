@@ -34,7 +34,7 @@ from routerpanel.router.fairshare import RANK, owner_of, urgent_after
 from routerpanel.router.scheduler import Scheduler
 from routerpanel.router.states import DOWN
 from tests.support.scheduler import preset
-from tests.unit.test_scheduler_properties import SETTINGS, SchedulerMachine
+from tests.unit.test_scheduler_properties import MODELS, SETTINGS, SchedulerMachine
 
 USERS = (
     ("key:ann/batch", Priority.LOW),
@@ -44,6 +44,10 @@ USERS = (
     ("key:dee/x", Priority.HIGH),
     ("anonymous", Priority.LOW),
 )
+Pair = tuple[tuple[str, Priority], tuple[str, Priority]]
+PAIRS: list[Pair] = [
+    (one, other) for one, other in itertools.permutations(USERS, 2) if one[1] is other[1]
+]
 FAIR_CHECKED: collections.Counter[str] = collections.Counter()
 
 Key = tuple[int, float, float, int]
@@ -58,6 +62,21 @@ class FairSchedulerMachine(SchedulerMachine):
     def next_user(self, user: tuple[str, Priority]) -> None:
         """Later requests come from ``user`` (its owner and its key's class)."""
         self.who = user
+
+    @rule(data=st.data(), pair=st.sampled_from(PAIRS))
+    def two_owners_of_one_class_ask(self, data: st.DataObject, pair: Pair) -> None:
+        """Two owners of one class ask for two models that are down, one after the other: the
+        entries share a class, so when one of them is spawned and the other still waits,
+        their owners' recent use decides (the "use decided" check, otherwise rare)."""
+        down = sorted(set(MODELS) - self.live - self.queued)
+        if len(down) < 2:
+            return
+        models = data.draw(st.permutations(down))[:2]
+        who = self.who
+        for user, model in zip(pair, models, strict=True):
+            self.who = user
+            self.arrive(model, RequestKind.PROXY)
+        self.who = who
 
     def arrive(self, model: str, kind: RequestKind) -> str:
         if not hasattr(self, "meta"):

@@ -17,13 +17,16 @@ exited), which requests wait and which are in flight, and it delivers readiness,
 * pin: a pinned model is never stopped by an eviction, a shrink or its ttl;
 * TTL (A11): a ttl stop hits only an idle, unpinned model idle for at least its ttl; after a
   tick no such model is left running; ``next_deadline()`` is never later than a ttl that runs;
+* the release's fast path decides as the full admission pass does: every input goes to two
+  schedulers, one with the fast path off (``Twin``), and their answers must be equal; the
+  ``lower_the_limit_under_load`` rule makes the quiet releases that follow shrink (A5);
 * the scheduler's view agrees with the world (running set, in-flight counts, waiters,
   ``last_used`` of running models), and in-flight counts never go negative.
 
 models_max is drawn from 0 (unlimited) to 3, at the start and by the ``settings`` rule; the
 ``pin`` and ``set_ttl`` rules change presets through a reload, as an admin editing them does.
-The test also asserts that a run exercised the LRU, pin and ttl checks, so that it cannot pass
-by never reaching them.
+The test also asserts that a run exercised the LRU, pin and ttl checks and a quiet release, so
+that it cannot pass by never reaching them.
 
 At teardown the world drains (children become ready or exit, requests finish, time passes) and
 checks that every waiter ended granted, rejected or cancelled and that in-flight returned to 0.
@@ -34,7 +37,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+from collections.abc import Callable
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -68,6 +73,46 @@ BUSY_STOP_ALLOWED = {StopReason.UNLOAD, StopReason.SHUTDOWN}
 EVICTIONS = {StopReason.EVICTION, StopReason.SHRINK}
 EVICTABLE = {"loaded", "sleeping"}  # as the world sees its children (states.EVICTABLE)
 CHECKED: collections.Counter[str] = collections.Counter()  # which checks a run reached
+
+
+class FullPass(Scheduler):
+    """The scheduler with its release fast path off: every release runs the admission pass."""
+
+    def _finishes_quietly(self) -> bool:
+        return False
+
+
+class Twin:
+    """Feed every input to the scheduler and to a ``FullPass`` one and demand equal answers
+    (decisions and views alike, or the same exception): the fast path must decide exactly as
+    the full admission pass would, on every step the machine takes."""
+
+    def __init__(self, presets: list[PresetSpec], config: RouterConfig) -> None:
+        self.fast, self.full = Scheduler(presets, config), FullPass(presets, config)
+
+    @property
+    def config(self) -> RouterConfig:
+        return self.fast.config
+
+    def __getattr__(self, name: str) -> Callable[..., object]:
+        fast, full = getattr(self.fast, name), getattr(self.full, name)
+
+        def both(*args: object, **kwargs: object) -> object:
+            quiet = name == "request_finished" and self.fast._finishes_quietly()
+            try:
+                answer = fast(*args, **kwargs)
+            except Exception as error:
+                with pytest.raises(type(error)):
+                    full(*args, **kwargs)
+                raise
+            assert full(*args, **kwargs) == answer, f"{name}{args}: fast path differs"
+            if quiet:
+                CHECKED["quiet release"] += 1
+                if any(isinstance(d, Stop) and d.reason is StopReason.SHRINK for d in answer):
+                    CHECKED["shrink on a quiet release"] += 1
+            return answer
+
+        return both
 
 
 def presets(
@@ -116,7 +161,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.flavour = dict.fromkeys(MODELS, 0)
         self.pinned = {"m4"}
         self.ttl: dict[str, float | None] = {name: None for name in MODELS} | {"m1": 30.0}
-        self.s = Scheduler(self.presets(), self.config)
+        self.s = Twin(self.presets(), self.config)
         self.now = 0.0
         self.ids = itertools.count()
         self.live: set[str] = set()
@@ -315,6 +360,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         config = dataclasses.replace(self.s.config, models_max=models_max)
         self.apply(self.s.settings_changed(config, now=self.now))
 
+    @precondition(lambda self: sum(1 for rids in self.in_flight.values() if rids) >= 2)
+    @rule()
+    def lower_the_limit_under_load(self) -> None:
+        """An admin lowers models_max below the models in use: nothing busy may stop, and the
+        releases that follow (with nothing queued, the release's fast path) must shrink."""
+        busy = sum(1 for rids in self.in_flight.values() if rids)
+        self.settings(busy - 1)
+
     @precondition(lambda self: self.live)
     @rule(data=st.data())
     def unload(self, data: st.DataObject) -> None:
@@ -467,7 +520,7 @@ def test_a_fixed_run_reaches_the_lru_pin_and_ttl_checks() -> None:
     which derandomizes every run, and three copies of the first run would reach nothing new.
     """
     CHECKED.clear()
-    reached = {"lru choice", "pinned spared", "ttl stop", "ttl deadline"}
+    reached = {"lru choice", "pinned spared", "ttl stop", "ttl deadline", "quiet release"}
     runs = [settings(SETTINGS, derandomize=True, database=None)]
     runs += [settings(SETTINGS, derandomize=False, database=None)] * 3
     for run in runs:
