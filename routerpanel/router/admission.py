@@ -434,13 +434,20 @@ class Admission:
     def _emit(self, decision: Decision) -> None:
         self._out.append(decision)
 
-    def _begin(self) -> None:
-        self._out, self._queue_before = [], self.queue()
+    def _begin(self, *, queue_empty: bool = False) -> None:
+        """Start gathering one input's decisions; ``queue_empty``: the caller knows the queue
+        is empty (its snapshot, to compare at the end, is then ``()`` without asking)."""
+        self._out, self._queue_before = [], () if queue_empty else self.queue()
 
     def _end(self, now: float) -> list[Decision]:
+        """Run admission, say whether the queue changed, and hand the decisions over."""
         self._admit(now)
         after = self.queue()
         if after != self._queue_before:
             self._emit(QueueChanged(after))
+        return self._taken()
+
+    def _taken(self) -> list[Decision]:
+        """The decisions gathered since ``_begin``, handed over; the next input starts afresh."""
         out, self._out = self._out, []
         return out

@@ -156,10 +156,9 @@ class Scheduler(Admission):
         waiter = WaiterView(request_id, kind, actor, now, Priority(priority))
         m = self._models.get(model)
         if m is not None and self._grants_at_once(m, kind):  # (7) on an empty queue
-            self._out = []
+            self._begin(queue_empty=True)
             self._grant(waiter, m, now)
-            out, self._out = self._out, []
-            return out
+            return self._taken()
         self._begin()
         self._arrive(waiter, model, now)
         return self._end(now)
@@ -223,16 +222,12 @@ class Scheduler(Admission):
         is skipped, unless a limit lowered while models were busy is now exceeded (A5's
         shrink). The property machine checks this against the full pass on every step.
         """
-        if not self._finishes_quietly():
-            self._begin()
-            self._finish(request_id, now)
-            return self._end(now)
-        self._out, self._queue_before = [], ()
+        quiet = self._finishes_quietly()
+        self._begin(queue_empty=quiet)
         self._finish(request_id, now)
-        if min(self._room(set())) < 0:
-            return self._end(now)
-        out, self._out = self._out, []
-        return out
+        if quiet and min(self._room(set())) >= 0:
+            return self._taken()
+        return self._end(now)
 
     def _finishes_quietly(self) -> bool:
         return not self._queue and self._settle_since is None
