@@ -24,6 +24,8 @@ import asyncio
 import collections
 import contextlib
 import functools
+import logging
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
@@ -40,6 +42,8 @@ from models_app.api.app import is_api_path
 from models_app.api.config import ApiConfig
 from models_app.api.errors import error_body
 from models_app.api.request import CHUNK_NOW, JSON_TYPE, body_timeout
+
+log = logging.getLogger(__name__)
 
 LINGER = 5.0  # seconds an answered connection keeps draining the client's upload before closing
 ASGI_VERSION = {"version": "3.0"}
@@ -137,6 +141,8 @@ class RouterPanelServer(Server):
     def listen_success(self, port: Any) -> None:
         quiet_access_log(self.http_factory)  # the factory has started: before any request
         idle_timer_from_the_start(self.http_factory)
+        if isinstance(port, tcp.Port):
+            port.doRead = functools.partial(accept, port)  # type: ignore[method-assign]
         self.ports.append(port)
         super().listen_success(port)
         if len(self.listening_addresses) == len(self.endpoints) and self.on_listening:
@@ -282,6 +288,51 @@ def tune_channel(request: Any) -> None:
 def _plain() -> bool:
     """``isSecure`` of a plain TCP connection (``tune_channel``)."""
     return False
+
+
+_twisted_accept: Any = tcp.Port.doRead  # what knows every accept error (see ``accept``)
+
+
+def accept(port: Any) -> None:
+    """A listening port's ``doRead``: accept the connections waiting, as Twisted's would.
+
+    Twisted's ``Port.doRead`` wraps each accept in a buffering logger and a generator, and sets
+    close-on-exec on every socket it accepts (two ``fcntl`` calls), which Python's ``accept``
+    has already done (PEP 446: a socket it makes is not inheritable). Here the common case goes
+    straight: accept, build the protocol and its transport, make the connection, with Twisted's
+    adaptive count of accepts per wake-up (a burst is taken in few turns). What is not a plain
+    "nothing more to accept" — too many open files (Twisted frees its reserved descriptor and
+    sheds what waits), a connection aborted before its accept, a firewall's EPERM — is left to
+    Twisted's own ``doRead``, which knows each of them.
+    """
+    accepted = 0
+    try:
+        for _ in range(port.numberAccepts):
+            try:
+                skt, addr = port.socket.accept()
+            except BlockingIOError:
+                break
+            except OSError:
+                _twisted_accept(port)
+                return
+            accepted += 1
+            if len(addr) == 4:  # IPv6: the scope id in the host, as Twisted gives it
+                host = socket.getnameinfo(addr, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)
+                addr = (host[0], *addr[1:])
+            protocol = port.factory.buildProtocol(port._buildAddr(addr))
+            if protocol is None:
+                skt.close()
+                continue
+            session = port.sessionno
+            port.sessionno = session + 1
+            transport = port.transport(skt, protocol, addr, port, session, port.reactor)
+            protocol.makeConnection(transport)
+    except Exception:  # one connection's failure must not stop the listening port
+        log.exception("accepting a connection failed")
+    if accepted == port.numberAccepts:
+        port.numberAccepts += 20
+    else:
+        port.numberAccepts = max(1, accepted)
 
 
 def idle_timer_from_the_start(factory: http.HTTPFactory) -> None:
