@@ -39,6 +39,7 @@ from routerpanel.router.fairshare import RecentUse, fair_keys, owner_of
 from routerpanel.router.states import (
     DOWN,
     EVICTABLE,
+    LOADED,
     LOADING,
     RUNNING,
     SERVABLE,
@@ -120,6 +121,12 @@ class Admission:
         """May a request for ``name`` be granted now, without a load (A1)? False if unknown."""
         m = self._models.get(name)
         return m is not None and self._servable(m)
+
+    def loaded(self, name: str) -> bool:
+        """Is ``name`` loaded (not sleeping, not loading) and not stopping? False if unknown.
+        The hang watchdog asks this per busy model on every input (no view built)."""
+        m = self._models.get(name)
+        return m is not None and m.state is LOADED and not m.stopping
 
     def reservations(self) -> dict[str, frozenset[str]]:
         """Return the models reserved now and the owners each is reserved for (issue 17.6)."""

@@ -13,7 +13,6 @@ import math
 from routerpanel.router import commands, watchdog
 from routerpanel.router.effects import Effects
 from routerpanel.router.errors import RouterError
-from routerpanel.router.states import LOADED
 
 
 class HangWatch(Effects):
@@ -24,10 +23,7 @@ class HangWatch(Effects):
         out = []
         for name, (_, last, instance) in self._callers.in_flight().items():
             spec = self._specs.get(name)
-            if spec is None or not spec.hang_timeout:
-                continue
-            view = self._scheduler.model(name)
-            if view.state is LOADED and not view.stopping:
+            if spec is not None and spec.hang_timeout and self._scheduler.loaded(name):
                 out.append(watchdog.Busy(name, spec.hang_timeout, last, instance))
         return out
 

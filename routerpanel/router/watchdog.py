@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 MIN_GAP = 1.0
 MAX_GAP = 15.0
@@ -41,9 +42,9 @@ class Verdict(StrEnum):
     HUNG = "hung"
 
 
-@dataclass(frozen=True, slots=True)
-class Busy:
-    """A model with requests in flight, as the engine sees it."""
+class Busy(NamedTuple):
+    """A model with requests in flight, as the engine sees it (built for every input the
+    engine handles: a tuple is the cheapest immutable record to make)."""
 
     model: str
     hang_timeout: float

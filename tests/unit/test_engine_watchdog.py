@@ -17,6 +17,7 @@ from routerpanel.router.address import ChildAddress
 from routerpanel.router.catalogue import Event
 from routerpanel.router.engine import Engine, EngineEvent
 from routerpanel.router.errors import RouterError
+from routerpanel.router.supervisor import ChildState
 from routerpanel.router.watchdog import Busy, Reading, Verdict, Watchdog, probe_gap, slots_counters
 from tests.support.engine import FakeClock, FakeSupervisor, make, preset
 
@@ -169,6 +170,33 @@ class TestTheWatchdogInTheEngine:
         await busy(rig, "off")
         await rig.advance(3600.0)
         assert rig.probe.calls == []
+
+    async def test_a_busy_model_being_stopped_is_left_to_its_stop_timeout(self, rig: Rig) -> None:
+        """An unload of a busy model stops it at once; from then on its stop-timeout ends it,
+        not the watchdog (no probe, however long it stays silent)."""
+        await busy(rig)
+        await rig.engine.unload("a")
+        await rig.engine.until_idle()
+        await rig.advance(3600.0)
+        assert rig.probe.calls == []
+        assert ("kill", "a") not in rig.sup.calls
+
+    async def test_a_busy_model_that_reports_sleep_is_not_probed_until_it_is_loaded_again(
+        self, rig: Rig
+    ) -> None:
+        """Only a loaded child is watched: a busy one that says it sleeps (or loads again) is
+        not probed; once it says it is loaded, its silence counts again (here an hour of it:
+        the probe goes out at once)."""
+        await busy(rig)
+        rig.sup.post(ChildState("a", "sleeping", {}))
+        await rig.engine.until_idle()
+        await rig.advance(3600.0)
+        assert rig.probe.calls == []
+        rig.probe.readings = [None]
+        rig.sup.post(ChildState("a", "ready", {}))
+        await rig.advance(0.0)
+        assert len(rig.probe.calls) == 1
+        assert ("kill", "a") in rig.sup.calls
 
     async def test_the_hung_kill_is_audited_once_with_its_stop_reason(self, rig: Rig) -> None:
         await busy(rig)
