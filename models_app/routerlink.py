@@ -23,7 +23,9 @@ or missing proof closes the connection before any message is handled; a right on
 channel layer serves meanwhile. A Unix socket needs none of this: its file mode admits only the
 router's user.
 
-**Framing.** One JSON object per line (UTF-8, ``\\n``), at most ``LINE_LIMIT`` bytes. The router
+**Framing.** One JSON object per line (UTF-8, ``\\n``), at most ``LINE_LIMIT`` bytes, written
+and read with ``orjson`` (a message each way per acquire and one per release, on both ends: the
+standard library's ``json`` made a team-mode request 35–48 µs slower in a paired run). The router
 speaks first: ``{"type": "link.hello", "boot", "protocol"}``. Then the web side sends the
 bridge's messages (messages.py) without a reply channel — ``router.acquire`` (with
 ``request_id``, ``sent``, ``expires``, ``boot``), ``router.renew``, ``router.release``,
@@ -52,7 +54,6 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
-import json
 import logging
 import os
 import secrets
@@ -64,6 +65,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
+
+import orjson
 
 from models_app.singleflight import SingleFlight
 
@@ -140,14 +143,16 @@ def socket_path(data_dir: Path) -> Path:
 
 
 def encode(message: Mapping[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+    """One line. Raises TypeError for what JSON cannot say. The messages carry finite numbers
+    only (times, ttls, ports, milliseconds): ``orjson`` writes an inf or a nan as null."""
+    return orjson.dumps(message) + b"\n"
 
 
 def decode(line: bytes) -> dict[str, Any] | None:
-    """A message, or None for a line that is not a JSON object."""
+    """A message, or None for a line that is not a JSON object (or not UTF-8)."""
     try:
-        message = json.loads(line)
-    except ValueError:
+        message = orjson.loads(line)
+    except orjson.JSONDecodeError:
         return None
     return message if isinstance(message, dict) and isinstance(message.get("type"), str) else None
 

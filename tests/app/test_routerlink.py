@@ -19,11 +19,12 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import InMemoryChannelLayer
 
-from models_app import routerlink
+from models_app import bridge, routerlink
 from models_app.bridge import RouterClient, RouterRejected
 from models_app.routerlink import Address, Connection, LinkServer
 from models_app.worker import RouterHost
 from routerpanel.router.catalogue import Event
+from routerpanel.router.receipts import Receipt
 from tests.app.conftest import save_two_sim_presets
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -139,6 +140,35 @@ def test_lines_frame_messages_and_bad_ones_are_skipped_or_refused(
     with pytest.raises(ValueError):  # a line that has not ended but is over the limit already
         unended.feed(b"y" * 40)
     assert routerlink.decode(routerlink.encode({"type": "t", "é": "ü"})) == {"type": "t", "é": "ü"}
+
+
+def test_every_answer_and_an_acquire_cross_the_link_unchanged() -> None:
+    """The codec (orjson) gives back what the bridge's builders made, type for type: floats
+    stay floats, a tuple of evicted models arrives as a list (as JSON has it), None stays."""
+    receipt = Receipt(queued=0.25, load=1.5, evicted=("m2", "m3"), caused_load=True)
+    error = bridge.error_body(503, "router is shutting down", "unavailable_error")
+    sent = time.time()
+    messages: list[dict[str, Any]] = [
+        dict(bridge.granted("r1", "abc-1", "m1", 41234, 30.0, "b1", receipt, key="k")),
+        dict(bridge.granted("r2", "abc-2", "m1", 41234, 30.0, "b1")),
+        dict(bridge.queued("r3", 2, "b1")),
+        dict(bridge.rejected("r4", 503, error, 5.0, "b1")),
+        dict(bridge.rejected("r5", 400, error)),
+        acquire("r6", "m1") | {"sent": sent, "expires": sent + 30.0, "boot": "b1"},
+        {"type": "router.renew", "lease_id": "abc-1", "idle": 0.5},
+        {"type": "router.release", "lease_id": "abc-1"},
+    ]
+    for message in messages:
+        line = routerlink.encode(message)
+        assert line.endswith(b"\n") and line.count(b"\n") == 1
+        back = routerlink.decode(line[:-1])
+        expected = {k: list(v) if isinstance(v, tuple) else v for k, v in message.items()}
+        assert back == expected
+        assert [type(v) for v in back.values()] == [type(v) for v in expected.values()]
+    assert routerlink.decode(b'{"type":"x","s":"\xff"}') is None  # not UTF-8: not a message
+    assert routerlink.decode(b'{"type":"x","n":NaN}') is None  # not JSON
+    with pytest.raises(TypeError):
+        routerlink.encode({"type": "x", "when": object()})
 
 
 async def test_a_line_over_the_limit_closes_the_connection_and_loses_its_peer(
