@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
+from uvicorn._types import ASGISendEvent
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from models_app.api.request import CHUNK_NOW
@@ -98,24 +100,129 @@ class UvicornServer:
 
 
 class ChunkNowProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with ``chunk_now`` for each request in the scope's
-    extensions (``request.CHUNK_NOW``): the proxy's pump writes each streamed piece with it,
-    without an ASGI message and a coroutine per token. The request's task has not run yet when
-    uvicorn's ``on_headers_complete`` returns, so the scope has it before the application."""
+    """uvicorn's httptools protocol, with three changes for the data plane:
+
+    * ``chunk_now`` for each request in the scope's extensions (``request.CHUNK_NOW``): the
+      proxy's pump writes each streamed piece with it, without an ASGI message and a coroutine
+      per token. The request's task has not run yet when uvicorn's ``on_headers_complete``
+      returns, so the scope has it before the application.
+    * Each request's cycle is a ``HeadWithBody``: an answer's head leaves with its first piece
+      of body, in one write.
+    * A new connection's addresses are the ones the loop read when it accepted it (uvloop
+      keeps them), not asked of the socket again: uvicorn asks for the transport's socket
+      object, whose making and questions cost uvloop five ``getsockname`` and two
+      ``getpeername`` system calls per connection.
+    """
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """uvicorn's, without the socket object (see the class doc) and its trace log line."""
+        self.connections.add(self)
+        self.transport = transport
+        self.flow = FlowControl(transport)
+        local = transport.get_extra_info("sockname")
+        self.server = (str(local[0]), int(local[1])) if isinstance(local, tuple) else None
+        peer = transport.get_extra_info("peername")
+        self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
+        self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"
 
     def on_headers_complete(self) -> None:
         before = self.cycle
         super().on_headers_complete()
-        if self.cycle is not None and self.cycle is not before:
-            extensions: dict[str, Any] = self.cycle.scope.setdefault("extensions", {})
-            extensions[CHUNK_NOW] = functools.partial(chunk_now, self.cycle)
+        cycle = self.cycle
+        if cycle is not None and cycle is not before:
+            cycle.__class__ = HeadWithBody  # before its task runs: the application sees ours
+            extensions: dict[str, Any] = cycle.scope.setdefault("extensions", {})
+            extensions[CHUNK_NOW] = functools.partial(chunk_now, cycle)
+
+
+class HeadWithBody(RequestResponseCycle):
+    """uvicorn's request cycle, whose answer's head waits for the first piece of its body.
+
+    uvicorn writes the head when the application sends ``http.response.start`` and the body
+    when it sends ``http.response.body``: two writes, two system calls and two TCP segments
+    for every answer, though both messages come in the same turn of the loop (the proxy sends
+    them one after the other). Here the head is kept (``head``) and goes out in one write with
+    the body's first piece, or alone at the end of the turn when no body came in it (an
+    application that waits between the two) or when the body writes nothing (HEAD).
+    """
+
+    head: bytes | None = None  # the head uvicorn built, not yet written
+
+    async def send(self, message: ASGISendEvent) -> None:
+        head = self.head
+        if head is None:
+            if self.response_started or message["type"] != "http.response.start":
+                await super().send(message)
+                return
+            transport, self.transport = self.transport, _Kept()  # type: ignore[assignment]
+            try:
+                await super().send(message)  # builds the head and "writes" it here
+            finally:
+                kept, self.transport = self.transport, transport
+            self.head = kept.data  # type: ignore[attr-defined]
+            if self.head is not None:
+                asyncio.get_running_loop().call_soon(self.send_head)
+            return
+        self.head = None
+        if message["type"] == "http.response.body" and self.scope["method"] != "HEAD":
+            transport = self.transport
+            self.transport = _AfterHead(transport, head)  # type: ignore[assignment]
+            try:
+                await super().send(message)
+            finally:
+                leading, self.transport = self.transport, transport
+                if leading.head:  # type: ignore[attr-defined]  # nothing written (an error)
+                    self.write_head(leading.head)  # type: ignore[attr-defined]
+            return
+        self.write_head(head)
+        await super().send(message)
+
+    def send_head(self) -> None:
+        """The end of the turn in which the head was built: it goes out if no body took it."""
+        head, self.head = self.head, None
+        if head is not None:
+            self.write_head(head)
+
+    def write_head(self, head: bytes) -> None:
+        if not self.disconnected:
+            self.transport.write(head)
+
+
+class _Kept:
+    """Stands in for the transport while uvicorn writes an answer's head: keeps it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        self.data = data
+
+
+class _AfterHead:
+    """Stands in for the transport while uvicorn writes an answer's first piece of body: the
+    head goes out in front of it, in the same write."""
+
+    __slots__ = ("head", "transport")
+
+    def __init__(self, transport: asyncio.Transport, head: bytes) -> None:
+        self.transport = transport
+        self.head = head
+
+    def write(self, data: bytes) -> None:
+        head, self.head = self.head, b""
+        self.transport.write(head + data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
 
 
 def chunk_now(cycle: RequestResponseCycle, body: bytes) -> bool:
-    """Write ``body`` as the next piece of a chunked answer whose head went out, as uvicorn's
-    ``send`` would (then True); False when it must go as a message: before the head, after the
-    end, not chunked, a HEAD request, a client gone, or a socket that takes no more (``send``
-    then waits for it to drain)."""
+    """Write ``body`` as the next piece of a chunked answer whose head went out (or waits to
+    go with it, ``HeadWithBody``), as uvicorn's ``send`` would (then True); False when it must
+    go as a message: before the head, after the end, not chunked, a HEAD request, a client
+    gone, or a socket that takes no more (``send`` then waits for it to drain)."""
     if (
         not cycle.chunked_encoding
         or not cycle.response_started
@@ -125,7 +232,11 @@ def chunk_now(cycle: RequestResponseCycle, body: bytes) -> bool:
         or cycle.scope["method"] == "HEAD"
     ):
         return False
-    if body:
+    head = getattr(cycle, "head", None)
+    if head is not None:
+        cycle.head = None  # type: ignore[attr-defined]
+        cycle.transport.write(head + (b"%x\r\n%b\r\n" % (len(body), body) if body else b""))
+    elif body:
         cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
     return True
 
