@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daphne_child import daphne_child
+from tests.support.daphne_child import daphne_child, get_json
 
 DEADLINE = 30.0
 BURST = 200
@@ -72,18 +72,6 @@ server.run()
 def server(tmp_path: Path, spare: int = 0) -> Iterator[int]:
     with daphne_child(SERVER, str(spare), data_dir=tmp_path) as port:
         yield port
-
-
-def ask(port: int) -> dict:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE)
-    try:
-        conn.request("GET", "/")
-        response = conn.getresponse()
-        assert response.status == 200
-        answer: dict = json.loads(response.read())
-        return answer
-    finally:
-        conn.close()
 
 
 def read_answer(sock: socket.socket) -> bytes:
@@ -152,7 +140,7 @@ def test_out_of_descriptors_the_server_sheds_what_it_cannot_take_and_serves_on(
 ) -> None:
     spare = 20
     with server(tmp_path, spare=spare) as port:
-        first = ask(port)
+        first = get_json(port)
         assert first["ours"]
         socks = []
         try:
@@ -173,7 +161,7 @@ def test_out_of_descriptors_the_server_sheds_what_it_cannot_take_and_serves_on(
         deadline = time.monotonic() + DEADLINE
         while True:
             try:
-                answer = ask(port)
+                answer = get_json(port)
                 break
             except (ConnectionError, http.client.HTTPException, OSError):
                 if time.monotonic() > deadline:

@@ -7,6 +7,8 @@ process: its script prints ``listening PORT`` once it listens.
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import os
 import subprocess
 import sys
@@ -56,3 +58,16 @@ def run_script(script: str, data_dir: Path) -> str:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1]
+
+
+def get_json(port: int, path: str = "/") -> dict:
+    """GET ``path`` from a child's server; its JSON answer (which must be a 200)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        assert response.status == 200
+        answer: dict = json.loads(response.read())
+        return answer
+    finally:
+        conn.close()
