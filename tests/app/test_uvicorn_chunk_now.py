@@ -18,16 +18,14 @@ counted by a recorder around each connection's transport.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 from models_app.api.request import CHUNK_NOW
 from models_app.management.commands._uvicorn import ChunkNowProtocol
+from tests.support.uvicorn_server import serving
 
 DEADLINE = 30.0
 BIG = 4 * 1024 * 1024  # more than a loopback socket takes at once: uvicorn pauses writing
@@ -98,27 +96,11 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 @pytest.fixture
 async def port() -> AsyncIterator[int]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        app, http=RecordingProtocol, lifespan="off", log_level="warning", access_log=False
-    )
-    server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
-    async with asyncio.timeout(DEADLINE):
-        while not server.started:
-            await asyncio.sleep(0.01)
-    said.clear()
-    writes.clear()
-    scopes.clear()
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(DEADLINE):
-                await serving
+    async with serving(app, RecordingProtocol) as number:
+        said.clear()
+        writes.clear()
+        scopes.clear()
+        yield number
 
 
 async def exchange(

@@ -20,12 +20,19 @@ import functools
 import signal
 import socket
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
-from uvicorn._types import ASGISendEvent
+from uvicorn._types import ASGI3Application, ASGISendEvent, HTTPResponseStartEvent
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from models_app.api.request import CHUNK_NOW
 
@@ -104,10 +111,9 @@ class ChunkNowProtocol(HttpToolsProtocol):
 
     * ``chunk_now`` for each request in the scope's extensions (``request.CHUNK_NOW``): the
       proxy's pump writes each streamed piece with it, without an ASGI message and a coroutine
-      per token. The request's task has not run yet when uvicorn's ``on_headers_complete``
-      returns, so the scope has it before the application.
+      per token. It is put there when the request's task is made, before the application.
     * Each request's cycle is a ``HeadWithBody``: an answer's head leaves with its first piece
-      of body, in one write.
+      of body, in one write, and is built with two header checks, not two per header.
     * A new connection's addresses are the ones the loop read when it accepted it (uvloop
       keeps them), not asked of the socket again: uvicorn asks for the transport's socket
       object, whose making and questions cost uvloop five ``getsockname`` and two
@@ -125,100 +131,153 @@ class ChunkNowProtocol(HttpToolsProtocol):
         self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
         self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"
 
-    def on_headers_complete(self) -> None:
-        before = self.cycle
-        super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not None and cycle is not before:
-            cycle.__class__ = HeadWithBody  # before its task runs: the application sees ours
-            extensions: dict[str, Any] = cycle.scope.setdefault("extensions", {})
-            extensions[CHUNK_NOW] = functools.partial(chunk_now, cycle)
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        """Each request's cycle is ours before its task is made (``run_asgi`` is ours too)."""
+        cycle.__class__ = HeadWithBody
+        extensions: dict[str, Any] = cycle.scope.setdefault("extensions", {})
+        extensions[CHUNK_NOW] = functools.partial(chunk_now, cast(HeadWithBody, cycle))
+        super()._start_asgi_task(cycle, app)
 
 
 class HeadWithBody(RequestResponseCycle):
-    """uvicorn's request cycle, whose answer's head waits for the first piece of its body.
+    """uvicorn's request cycle with its own ``send``: an answer's head waits for the first
+    piece of its body and leaves in the same write.
 
     uvicorn writes the head when the application sends ``http.response.start`` and the body
     when it sends ``http.response.body``: two writes, two system calls and two TCP segments
     for every answer, though both messages come in the same turn of the loop (the proxy sends
     them one after the other). Here the head is kept (``head``) and goes out in one write with
     the body's first piece, or alone at the end of the turn when no body came in it (an
-    application that waits between the two) or when the body writes nothing (HEAD).
+    application that waits between the two), or with a body that writes nothing (HEAD).
+
+    Otherwise ``send`` does what uvicorn's (0.54) does, message for message, with the same
+    errors; only the header checks differ in cost: a name or a value with a character HTTP does
+    not allow is found by one search over all names and one over all values (the characters
+    are searched one by one, so the joined bytes hold one exactly when some header does), not
+    two searches per header.
     """
 
-    head: bytes | None = None  # the head uvicorn built, not yet written
+    head: bytes | None = None  # the head built, not yet written
 
     async def send(self, message: ASGISendEvent) -> None:
-        head = self.head
-        if head is None:
-            if self.response_started or message["type"] != "http.response.start":
-                await super().send(message)
-                return
-            transport, self.transport = self.transport, _Kept()  # type: ignore[assignment]
-            try:
-                await super().send(message)  # builds the head and "writes" it here
-            finally:
-                kept, self.transport = self.transport, transport
-            self.head = kept.data  # type: ignore[attr-defined]
-            if self.head is not None:
-                asyncio.get_running_loop().call_soon(self.send_head)
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
             return
-        self.head = None
-        if message["type"] == "http.response.body" and self.scope["method"] != "HEAD":
-            transport = self.transport
-            self.transport = _AfterHead(transport, head)  # type: ignore[assignment]
-            try:
-                await super().send(message)
-            finally:
-                leading, self.transport = self.transport, transport
-                if leading.head:  # type: ignore[attr-defined]  # nothing written (an error)
-                    self.write_head(leading.head)  # type: ignore[attr-defined]
+        kind = message["type"]
+        if not self.response_started:
+            if kind != "http.response.start":
+                raise RuntimeError(
+                    f"Expected ASGI message 'http.response.start', but got '{kind}'."
+                )
+            self.head = self.build_head(message)  # type: ignore[arg-type]
+            asyncio.get_running_loop().call_soon(self.send_head)
             return
-        self.write_head(head)
-        await super().send(message)
+        if self.response_complete:
+            raise RuntimeError(
+                f"Unexpected ASGI message '{kind}' sent, after response already completed."
+            )
+        if kind != "http.response.body":
+            raise RuntimeError(f"Expected ASGI message 'http.response.body', but got '{kind}'.")
+        body: bytes = message.get("body", b"")  # type: ignore[assignment]
+        more_body = message.get("more_body", False)
+        if self.scope["method"] == "HEAD":
+            self.expected_content_length = 0
+            data = b""
+        elif self.chunked_encoding:
+            data = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
+            if not more_body:
+                data += b"0\r\n\r\n"
+        else:
+            if len(body) > self.expected_content_length:
+                self.send_head()  # the head the application sent still goes out
+                raise RuntimeError("Response content longer than Content-Length")
+            self.expected_content_length -= len(body)
+            data = body
+        head, self.head = self.head, None
+        if head is not None:
+            data = head + data
+        if data:
+            self.transport.write(data)
+        if not more_body:
+            if self.expected_content_length != 0:
+                raise RuntimeError("Response content shorter than Content-Length")
+            self.response_complete = True
+            self.message_event.set()
+            if not self.keep_alive:
+                self.transport.close()
+            self.on_response()
+
+    async def run_asgi(self, app: ASGI3Application) -> None:
+        """uvicorn's, with a head that still waits written when the application ends: uvicorn
+        closes the connection at once when an application fails after its head or returns
+        without finishing its answer, and the client gets that head first, as from uvicorn."""
+        await super().run_asgi(functools.partial(self.app_then_head, app))
+
+    async def app_then_head(
+        self, app: ASGI3Application, scope: Any, receive: Any, send: Any
+    ) -> None:
+        try:
+            await app(scope, receive, send)
+        finally:
+            self.send_head()
+
+    def build_head(self, message: HTTPResponseStartEvent) -> bytes:
+        """The status line and headers for ``message``, as uvicorn writes them; sets the
+        answer's framing (length or chunked) and whether the connection stays open."""
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        status_code = message["status"]
+        headers = self.default_headers + list(message.get("headers", []))
+        if self.access_log:
+            self.access_logger.info(
+                '%s - "%s %s HTTP/%s" %d',
+                get_client_addr(self.scope),
+                self.scope["method"],
+                get_path_with_query_string(self.scope),
+                self.scope["http_version"],
+                status_code,
+            )
+        if HEADER_RE.search(b"".join(name for name, _ in headers)):
+            raise RuntimeError("Invalid HTTP header name.")
+        if HEADER_VALUE_RE.search(b"".join(value for _, value in headers)):
+            raise RuntimeError("Invalid HTTP header value.")
+        content = [STATUS_LINE[status_code]]
+        has_connection_close = False
+        for name, value in headers:
+            name = name.lower()
+            if name == b"content-length" and self.chunked_encoding is None:
+                self.expected_content_length = int(value.decode())
+                self.chunked_encoding = False
+            elif name == b"transfer-encoding" and value.lower() == b"chunked":
+                self.expected_content_length = 0
+                self.chunked_encoding = True
+            elif name == b"connection" and b"close" in [
+                token.lower().strip() for token in value.split(b",")
+            ]:
+                self.keep_alive = False
+                has_connection_close = True
+            content.extend((name, b": ", value, b"\r\n"))
+        if not self.keep_alive and not has_connection_close:
+            content.append(b"connection: close\r\n")
+        if (
+            self.chunked_encoding is None
+            and self.scope["method"] != "HEAD"
+            and status_code not in (204, 304)
+        ):
+            self.chunked_encoding = True
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        return b"".join(content)
 
     def send_head(self) -> None:
         """The end of the turn in which the head was built: it goes out if no body took it."""
         head, self.head = self.head, None
-        if head is not None:
-            self.write_head(head)
-
-    def write_head(self, head: bytes) -> None:
-        if not self.disconnected:
+        if head is not None and not self.disconnected:
             self.transport.write(head)
 
 
-class _Kept:
-    """Stands in for the transport while uvicorn writes an answer's head: keeps it."""
-
-    __slots__ = ("data",)
-
-    def __init__(self) -> None:
-        self.data: bytes | None = None
-
-    def write(self, data: bytes) -> None:
-        self.data = data
-
-
-class _AfterHead:
-    """Stands in for the transport while uvicorn writes an answer's first piece of body: the
-    head goes out in front of it, in the same write."""
-
-    __slots__ = ("head", "transport")
-
-    def __init__(self, transport: asyncio.Transport, head: bytes) -> None:
-        self.transport = transport
-        self.head = head
-
-    def write(self, data: bytes) -> None:
-        head, self.head = self.head, b""
-        self.transport.write(head + data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
-
-
-def chunk_now(cycle: RequestResponseCycle, body: bytes) -> bool:
+def chunk_now(cycle: HeadWithBody, body: bytes) -> bool:
     """Write ``body`` as the next piece of a chunked answer whose head went out (or waits to
     go with it, ``HeadWithBody``), as uvicorn's ``send`` would (then True); False when it must
     go as a message: before the head, after the end, not chunked, a HEAD request, a client
@@ -232,12 +291,12 @@ def chunk_now(cycle: RequestResponseCycle, body: bytes) -> bool:
         or cycle.scope["method"] == "HEAD"
     ):
         return False
-    head = getattr(cycle, "head", None)
+    piece = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
+    head, cycle.head = cycle.head, None
     if head is not None:
-        cycle.head = None  # type: ignore[attr-defined]
-        cycle.transport.write(head + (b"%x\r\n%b\r\n" % (len(body), body) if body else b""))
-    elif body:
-        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        piece = head + piece
+    if piece:
+        cycle.transport.write(piece)
     return True
 
 
