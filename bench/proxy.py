@@ -265,13 +265,12 @@ def streaming(
 # ---- set-up ---------------------------------------------------------------------------------
 
 
-def real_targets(
-    procs: Processes, work: Path, team: tuple[str, str] | None, notes: list[str]
-) -> list[Target]:
+def three_routers(procs: Processes, work: Path) -> tuple[Path, Path, tuple[Proc, Proc, Proc]]:
+    """``serve`` on Daphne, ``serve --http uvicorn`` and llama.cpp's router on one INI, each
+    with the tiny model loaded; return the INI, the llama-server binary and the three."""
     server_bin = common.llama_server_bin()
-    models = common.tiny_models()
     ini = work / "same.ini"
-    ini.write_text(common.preset_ini(models))
+    ini.write_text(common.preset_ini(common.tiny_models()))
     rp = common.start_routerpanel(procs, ini, 2, server_bin=server_bin)
     uv = common.start_routerpanel(
         procs, ini, 2, server_bin=server_bin, name="routerpanel-uvicorn",
@@ -280,6 +279,13 @@ def real_targets(
     llama = common.start_llama_router(procs, server_bin, ini, 2)
     for router in (rp, uv, llama):
         common.load_by_request(router, MODEL)
+    return ini, server_bin, (rp, uv, llama)
+
+
+def real_targets(
+    procs: Processes, work: Path, team: tuple[str, str] | None, notes: list[str]
+) -> list[Target]:
+    ini, server_bin, (rp, uv, llama) = three_routers(procs, work)
     targets = [
         Target("direct (RouterPanel's child)", common.child_port(rp, MODEL), MODEL),
         Target("RouterPanel", rp.port or 0, MODEL, "direct (RouterPanel's child)", (rp.pid,)),

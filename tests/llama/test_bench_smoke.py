@@ -13,18 +13,20 @@ the user's; the llama-server binary and the vocab are passed in explicitly.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 900.0  # seconds; about 3 minutes on 2 cores
+FIGURE = r"[+-]\d+\.\d\d \(-?\d+\.\d\d\)"  # added ms (÷ llama.cpp's router's)
 
 
-def test_every_benchmark_part_runs_to_its_end(
-    llama_server_bin: Path, vocab_gguf: Path, tmp_path: Path
-) -> None:
-    out = tmp_path / "quick.md"
+def bench(
+    args: list[str], llama_server_bin: Path, vocab_gguf: Path, tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """Run ``bench/<args>`` with this test's binary, vocab and cache; it must exit 0."""
     env = {
         **os.environ,
         "LLAMA_SERVER_BIN": str(llama_server_bin),
@@ -33,10 +35,19 @@ def test_every_benchmark_part_runs_to_its_end(
         "TMPDIR": str(tmp_path),
     }
     done = subprocess.run(
-        [sys.executable, "bench/run_all.py", "--quick", "--out", str(out)],
+        [sys.executable, *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE,
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    return done
+
+
+def test_every_benchmark_part_runs_to_its_end(
+    llama_server_bin: Path, vocab_gguf: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "quick.md"
+    args = ["bench/run_all.py", "--quick", "--out", str(out)]
+    done = bench(args, llama_server_bin, vocab_gguf, tmp_path)
     report = out.read_text()
     assert "--quick run" in report
     for title in (
@@ -47,3 +58,18 @@ def test_every_benchmark_part_runs_to_its_end(
         assert title in report, title
     for part in ("proxy", "swap", "scale", "memory", "panel", "burst"):
         assert f"== {part} done in" in done.stderr, part  # run_all's line after each part
+
+
+def test_the_hot_and_cold_part_runs_to_its_end(
+    llama_server_bin: Path, vocab_gguf: Path, tmp_path: Path
+) -> None:
+    """bench/floor.py is not part of run_all (its own command): a few requests per row, and
+    every row of its table has a figure for each of the four routers."""
+    out = tmp_path / "floor.md"
+    bench(["bench/floor.py", "--requests", "30", "--out", str(out)], llama_server_bin,
+          vocab_gguf, tmp_path)  # fmt: skip
+    rows = [line for line in out.read_text().splitlines() if line.startswith(("| reuse", "| new"))]
+    assert len(rows) == 4, out.read_text()
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")][2:]
+        assert len(cells) == 4 and all(re.fullmatch(FIGURE, cell) for cell in cells), row
