@@ -155,7 +155,10 @@ class Admission:
 
     def next_deadline(self) -> float | None:
         """Return when tick() next has work (max wait, ttl, settle timeout); never poll."""
-        times = [m.last_used + (m.spec.ttl or 0) for m in self._ttl_candidates()]
+        times: list[float] = []  # a loop, not a comprehension: it runs after every input
+        for m in self._models.values():
+            if m.spec.ttl is not None and self._ttl_applies(m):
+                times.append(m.last_used + m.spec.ttl)
         if self._config.max_wait is not None:
             oldest = (e.waiters[0].since for e in self._queue if e.waiters)  # arrival order
             times += [since + self._config.max_wait for since in oldest]
@@ -330,13 +333,19 @@ class Admission:
         A stopping child frees its slot, unless it is stuck or its own entry waits to reuse it.
         """
         config = self._config
-        running = [m for m in self._models.values() if m.state in RUNNING]
-        freeing = [m for m in running if m.stopping and m.state is not STUCK]
-        freeing = [m for m in freeing if m.spec.name not in queued]
-        free_n = math.inf if config.unlimited else config.models_max - len(running) + len(freeing)
+        running = freeing = used = freed = 0  # one pass: it runs after every release
+        for m in self._models.values():
+            if m.state in RUNNING:
+                running += 1
+                estimate = m.spec.memory_estimate or 0  # _estimate(m)
+                used += estimate
+                if m.stopping and m.state is not STUCK and m.spec.name not in queued:
+                    freeing += 1
+                    freed += estimate
+        free_n = math.inf if config.unlimited else config.models_max - running + freeing
         budget = config.memory_budget
-        free_b = math.inf if budget is None else budget - sum(map(_estimate, running))
-        return free_n, free_b + sum(map(_estimate, freeing))
+        free_b = math.inf if budget is None else budget - used
+        return free_n, free_b + freed
 
     def _eviction_cause(self, entry: Entry | None) -> tuple[StopReason, Trigger]:
         if entry is None:
@@ -408,12 +417,12 @@ class Admission:
             self._reject(w, model, status, error_type, message, retry_after, details)
 
     def _ttl_candidates(self) -> list[ModelRecord]:
-        return [
-            m
-            for m in self._models.values()
-            if m.spec.ttl is not None and not self._pinned(m) and self._fresh(m)
-            and m.state in EVICTABLE and m.in_flight == 0
-        ]  # fmt: skip
+        return [m for m in self._models.values() if m.spec.ttl is not None and self._ttl_applies(m)]
+
+    def _ttl_applies(self, m: ModelRecord) -> bool:
+        """Idle, unpinned and serving: its ttl runs (the caller checked it has one). Asked
+        after every input per model with a ttl only, so a table without ttls costs nothing."""
+        return m.in_flight == 0 and m.state in EVICTABLE and not self._pinned(m) and self._fresh(m)
 
     def _pinned(self, m: ModelRecord) -> bool:
         """Pinned by its preset, or reserved now (R1): never an eviction victim, no TTL."""

@@ -36,6 +36,18 @@ class Priority(StrEnum):
     HIGH = "high"
 
 
+_PRIORITIES: dict[str, Priority] = {p.value: p for p in Priority}
+
+
+def priority_of(value: str) -> Priority:
+    """``Priority(value)`` at the cost of a dict lookup (the enum's call is several Python
+    calls, twice per request); ValueError for an unknown class, as the enum raises."""
+    try:
+        return _PRIORITIES[value]
+    except (KeyError, TypeError):
+        return Priority(value)
+
+
 class StopReason(StrEnum):
     """Why a child is told to stop; the audit log's ``kind``."""
 

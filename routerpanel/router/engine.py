@@ -127,9 +127,9 @@ class Engine(Inbox):
         A caller that gives up before the future is done, or does not want the grant it holds,
         calls ``cancel(request_id)`` (A7: it leaves the queue, or its grant is released).
         """
-        name = self._require(model, 400, "invalid_request_error")
-        klass = decisions.Priority(priority)
-        future: asyncio.Future[Any] = self._future()
+        name = self._require(model, 400, "invalid_request_error")  # open, or RouterError
+        klass = decisions.priority_of(priority)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         kind = decisions.RequestKind.PROXY
         self._submit(
             commands.Acquire(request_id, name, actor, kind, autoload, future, renewable, klass)

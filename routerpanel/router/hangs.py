@@ -18,8 +18,20 @@ from routerpanel.router.errors import RouterError
 class HangWatch(Effects):
     """The engine's hang-watchdog layer (see module doc)."""
 
+    _watched_specs: object = None  # the spec table _any_watched was computed for
+    _any_watched = False
+
     def _busy(self) -> list[watchdog.Busy]:
-        """Loaded models with requests in flight and a hang timeout: the watchdog's charges."""
+        """Loaded models with requests in flight and a hang timeout: the watchdog's charges.
+
+        None at all, without a look at the leases, while no preset has a hang timeout: the
+        engine asks after every command (to arm its timer).
+        """
+        if self._specs is not self._watched_specs:  # a new table (start, reload)
+            self._watched_specs = self._specs
+            self._any_watched = any(spec.hang_timeout for spec in self._specs.values())
+        if not self._any_watched:
+            return []
         out = []
         for name, (_, last, instance) in self._callers.in_flight().items():
             spec = self._specs.get(name)

@@ -96,9 +96,17 @@ class Inbox(HangWatch):
             self._post(command)
 
     def _rearm_timer(self) -> None:
-        watch = self._watchdog.next_deadline(self._busy())
-        due = (self._scheduler.next_deadline(), self._callers.next_expiry(), watch)
-        self._timer.arm(min((t for t in due if t is not None), default=None))
+        """Arm the timer with the earliest deadline; it runs after every command, the hot
+        path's acquire and release too, so it asks only what can have a deadline."""
+        due = self._scheduler.next_deadline()
+        busy = self._busy()
+        for at in (
+            self._callers.next_expiry(),
+            self._watchdog.next_deadline(busy) if busy else None,
+        ):
+            if at is not None and (due is None or at < due):
+                due = at
+        self._timer.arm(due)
 
     def _live_pids(self) -> dict[str, int]:
         return {name: info.pid for name, info in self._supervisor.live().items()}

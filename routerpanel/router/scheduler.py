@@ -101,6 +101,7 @@ from routerpanel.router.decisions import (
     StopReason,
     Trigger,
     WaiterView,
+    priority_of,
 )
 from routerpanel.router.states import (
     DOWN,
@@ -153,7 +154,7 @@ class Scheduler(Admission):
         """
         if self._queue.holds(request_id) or request_id in self._granted:
             raise ValueError(f"request id {request_id!r} is already in use")
-        waiter = WaiterView(request_id, kind, actor, now, Priority(priority))
+        waiter = WaiterView(request_id, kind, actor, now, priority_of(priority))
         m = self._models.get(model)
         if m is not None and self._grants_at_once(m, kind):  # (7) on an empty queue
             self._begin(queue_empty=True)

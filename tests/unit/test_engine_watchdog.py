@@ -171,6 +171,28 @@ class TestTheWatchdogInTheEngine:
         await rig.advance(3600.0)
         assert rig.probe.calls == []
 
+    async def test_a_hang_timeout_given_by_a_reload_starts_the_watch(self) -> None:
+        """The engine skips the watchdog's work while no preset has a hang timeout (it asks
+        after every command); a reload that gives one must start it all the same."""
+        clock, probe = FakeClock(), ScriptedProbe()
+        engine, sup, _ = await make(preset("a"), clock=clock, prober=probe, models_max=1)
+        r = Rig(engine, sup, clock, probe)
+        try:
+            await busy(r)
+            await r.advance(120.0)
+            assert probe.calls == []  # no hang timeout: never probed
+            await engine.reload([preset("a", hang_timeout=60.0)])
+            probe.readings = [None]
+            await r.advance(0.0)
+            assert probe.calls == [(sup.port("a"), probe_gap(60.0))]
+            assert ("kill", "a") in sup.calls
+        finally:
+            shutdown = asyncio.create_task(engine.shutdown())
+            await engine.until_idle()
+            for name in list(sup.children):
+                sup.exit(name)
+            await asyncio.wait_for(shutdown, 5)
+
     async def test_a_busy_model_being_stopped_is_left_to_its_stop_timeout(self, rig: Rig) -> None:
         """An unload of a busy model stops it at once; from then on its stop-timeout ends it,
         not the watchdog (no probe, however long it stays silent)."""
