@@ -108,9 +108,9 @@ class Request:
         """Return a query parameter (its first value), or None."""
         if self._query is None:
             self._query = {}
-            raw = self.scope.get("query_string", b"").decode("utf-8", "replace")
-            for key, value in parse_qsl(raw, keep_blank_values=True):
-                self._query.setdefault(key, value)
+            if raw := self.scope.get("query_string", b""):  # most requests have none
+                for key, value in parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True):
+                    self._query.setdefault(key, value)
         return self._query.get(name)
 
     async def read_body(self, limit: int, timeout: float | None = None) -> bytes:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import operator
 import signal
 import socket
 from collections.abc import Awaitable, Callable, Iterator
@@ -35,6 +36,8 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from models_app.api.request import CHUNK_NOW
+
+_NAME, _VALUE = operator.itemgetter(0), operator.itemgetter(1)  # of a header pair
 
 
 class UvicornServer:
@@ -238,9 +241,9 @@ class HeadWithBody(RequestResponseCycle):
                 self.scope["http_version"],
                 status_code,
             )
-        if HEADER_RE.search(b"".join(name for name, _ in headers)):
+        if HEADER_RE.search(b"".join(map(_NAME, headers))):  # map: no Python frame per header
             raise RuntimeError("Invalid HTTP header name.")
-        if HEADER_VALUE_RE.search(b"".join(value for _, value in headers)):
+        if HEADER_VALUE_RE.search(b"".join(map(_VALUE, headers))):
             raise RuntimeError("Invalid HTTP header value.")
         content = [STATUS_LINE[status_code]]
         has_connection_close = False
