@@ -295,11 +295,15 @@ def start_routerpanel(
     server_bin: Path | None = None,
     name: str = "routerpanel",
     env: Mapping[str, str] | None = None,
+    launcher: Sequence[str] = (PYTHON,),
 ) -> Proc:
-    """``manage.py serve --models-preset ini`` with its own data dir; wait until it answers."""
+    """``manage.py serve --models-preset ini`` with its own data dir; wait until it answers.
+
+    ``launcher``: what runs manage.py (calls.py's counting launcher, say); the interpreter.
+    """
     data = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=procs.workdir))
     port = free_port()
-    argv = [PYTHON, "manage.py", "serve", "--models-preset", str(ini)]
+    argv = [*launcher, "manage.py", "serve", "--models-preset", str(ini)]
     argv += ["--models-max", str(models_max), "--port", str(port)]
     if server_bin is not None:
         argv += ["--server-bin", str(server_bin)]

@@ -3,7 +3,8 @@
     .venv/bin/python bench/run_all.py --out bench/results/latest.md
 
 Parts, in order (each also runs alone; see bench/README.md): proxy.py (per-request overhead and
-streaming throughput, RouterPanel and llama.cpp's router vs direct), swap_routers.py (time to
+streaming throughput, RouterPanel and llama.cpp's router vs direct), calls.py (function calls
+per request in serve on Daphne and on uvicorn, counted), swap_routers.py (time to
 first byte of a forced swap, and swap.py's scheduling part alone), scale.py (10,000 waiters over
 200 presets), memory.py (RouterPanel's own RSS), panel_latency.py (router event to dashboard, in
 headless Chromium), burst.py (1,000 concurrent requests over 3 models with models_max 2).
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import burst, common, memory, panel_latency, proxy, scale, swap_routers
+from bench import burst, calls, common, memory, panel_latency, proxy, scale, swap_routers
 from bench.common import Table
 
 COMMAND = ".venv/bin/python bench/run_all.py --out bench/results/latest.md"
@@ -33,6 +34,7 @@ def parts(quick: bool) -> dict[str, Callable[[], list[Table]]]:
     if quick:
         return {
             "proxy": lambda: proxy.run(requests=20, rounds=1),
+            "calls": lambda: [calls.run(requests=20)],
             "swap": lambda: swap_routers.run(swaps=3, sched_swaps=5),
             "scale": lambda: scale.run(waiters=1000, samples=30),
             "memory": lambda: memory.run(seconds=3),
@@ -41,6 +43,7 @@ def parts(quick: bool) -> dict[str, Callable[[], list[Table]]]:
         }
     return {
         "proxy": proxy.run,
+        "calls": lambda: [calls.run(requests=200)],
         "swap": swap_routers.run,
         "scale": scale.run,
         "memory": memory.run,

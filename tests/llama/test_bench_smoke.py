@@ -54,9 +54,15 @@ def test_every_benchmark_part_runs_to_its_end(
         "The data plane against llama.cpp's router",
         "Per-request overhead",
         "Streamed tokens per second",
+        "Calls per /tokenize",
     ):
         assert title in report, title
-    for part in ("proxy", "swap", "scale", "memory", "panel", "burst"):
+    calls = [line for line in report.splitlines() if line.startswith(("| Daphne", "| uvicorn"))]
+    assert len(calls) == 4, report  # two servers, two kinds of connection
+    for row in calls:  # every area the request crosses was counted
+        python, _, engine, api, server = (float(c) for c in row.strip("|").split("|")[2:7])
+        assert python > 100 and engine > 10 and api > 10 and server > 10, row
+    for part in ("proxy", "calls", "swap", "scale", "memory", "panel", "burst"):
         assert f"== {part} done in" in done.stderr, part  # run_all's line after each part
 
 
