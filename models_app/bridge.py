@@ -107,7 +107,7 @@ from models_app.messages import (
     WaitingMessage,
 )
 from routerpanel.router.address import LOOPBACK, ChildAddress
-from routerpanel.router.errors import RouterError
+from routerpanel.router.errors import Lease, RouterError
 from routerpanel.router.receipts import NO_RECEIPT, Receipt
 
 if TYPE_CHECKING:
@@ -323,6 +323,11 @@ class RouterClient:
         engine = host.engine
         if engine is None:
             raise router_unavailable()
+        loop = host.loop
+        if loop is None or loop is asyncio.get_running_loop():  # the engine's own loop
+            now = engine.grant_now(model, request_id=request_id, actor=actor, priority=priority)
+            if now is not None:  # a loaded model, nothing queued: the hot path (issue 16.5)
+                return _local_grant(request_id, now, host)
         try:
             lease = await _on_loop(
                 host,
@@ -337,10 +342,7 @@ class RouterClient:
             )
         except RouterError as exc:
             raise RouterRejected.from_error(exc) from None
-        return Grant(
-            request_id, lease.lease_id, lease.model, lease.port, math.inf, host.boot, lease.receipt,
-            lease.host, lease.key,
-        )  # fmt: skip
+        return _local_grant(request_id, lease, host)
 
     async def _acquire_remote(
         self, model: str, actor: str, autoload: bool, request_id: str, priority: str = "normal"
@@ -781,6 +783,14 @@ def _watch(node: str = "") -> RouterWatch | None:
     if not settings.REDIS_URL:
         return None
     return liveness.watch(node)
+
+
+def _local_grant(request_id: str, lease: Lease, host: LocalRouter) -> Grant:
+    """The grant of a lease from this process's engine: it never expires (no renewing)."""
+    return Grant(
+        request_id, lease.lease_id, lease.model, lease.port, math.inf, host.boot, lease.receipt,
+        lease.host, lease.key,
+    )  # fmt: skip
 
 
 async def _on_loop(host: LocalRouter, work: Coroutine[Any, Any, T]) -> T:

@@ -395,13 +395,17 @@ class Admission:
             self._emit(Stop(m.spec.name, reason, trigger, m.spec.stop_timeout, idle, m.in_flight))
 
     def _grant(self, w: WaiterView, m: ModelRecord, now: float) -> None:
+        self._hold(w, m, now)
+        self._emit(Grant(w.request_id, m.spec.name, w.kind))
+
+    def _hold(self, w: WaiterView, m: ModelRecord, now: float) -> None:
+        """A grant's bookkeeping: the model is used now and, for a proxy request, busy."""
         m.last_used = now
         if w.kind is RequestKind.PROXY:
             m.in_flight += 1
             self._granted[w.request_id] = m.spec.name
             owner = self._holders[w.request_id] = owner_of(w.actor)
             self._use.hold(owner, now)
-        self._emit(Grant(w.request_id, m.spec.name, w.kind))
 
     def _reject(
         self, w: WaiterView, model: str, status: int, error_type: str, message: str,

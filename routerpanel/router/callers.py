@@ -20,7 +20,7 @@ from routerpanel.router.address import ChildAddress
 from routerpanel.router.commands import Acquire
 from routerpanel.router.decisions import Grant, RequestKind
 from routerpanel.router.errors import Lease, RouterError
-from routerpanel.router.receipts import Receipts
+from routerpanel.router.receipts import Receipt, Receipts
 
 
 def resolve(future: asyncio.Future[Any], value: Any) -> None:
@@ -96,23 +96,40 @@ class Callers:
         receipt = self.receipts.granted(grant.request_id, grant.model, now)
         if waiter.future.done():  # cancelled between its arrival and this grant (A7)
             return False
+        lease = self._lease(grant.request_id, grant.model, waiter.actor, receipt, address,
+                            expires_at, now)  # fmt: skip
+        waiter.future.set_result(lease)
+        return True
+
+    def grant_at_once(
+        self, request_id: str, model: str, actor: str, address: ChildAddress, now: float
+    ) -> Lease:
+        """``wait`` and ``grant`` together, for a caller in this process answered as it
+        arrives (the engine's hot path): no waiter, no future, a lease that never expires."""
+        self.receipts.arrived(request_id, now)
+        receipt = self.receipts.granted(request_id, model, now)
+        return self._lease(request_id, model, actor, receipt, address, math.inf, now)
+
+    def _lease(
+        self, request_id: str, model: str, actor: str, receipt: Receipt, address: ChildAddress,
+        expires_at: float, now: float,
+    ) -> Lease:  # fmt: skip
         lease_id = f"{self._lease_prefix}-{next(self._lease_numbers)}"
         port = address.port
         lease = Lease(
-            lease_id, grant.request_id, grant.model, port, expires_at, waiter.actor, receipt,
-            address.host, address.key,
+            lease_id, request_id, model, port, expires_at, actor, receipt, address.host,
+            address.key,
         )  # fmt: skip
         self._leases[lease.lease_id] = _LeaseRecord(lease, expires_at)
         self._by_request[lease.request_id] = lease.lease_id
         if expires_at != math.inf:
             heapq.heappush(self._expiries, (expires_at, lease_id))
-        busy = self._models.get(grant.model)
+        busy = self._models.get(model)
         if busy is None or busy.instance != port:
-            self._models[grant.model] = _ModelLeases(1, now, port)
+            self._models[model] = _ModelLeases(1, now, port)
         else:
             busy.count += 1
-        waiter.future.set_result(lease)
-        return True
+        return lease
 
     def reject(self, request_id: str, error: RouterError) -> None:
         self.receipts.forget(request_id)

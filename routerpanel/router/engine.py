@@ -110,6 +110,34 @@ class Engine(Inbox):
             self.cancel(request_id)  # A7: leave the queue, or release a grant
             raise
 
+    def grant_now(
+        self, model: str, *, request_id: str, actor: str = "", priority: str = "normal"
+    ) -> Lease | None:
+        """``acquire`` for a caller in this process when the answer is a grant at once: a
+        loaded model, nothing queued (issue 16.5's hot path). Returns the lease, which never
+        expires, or None when the request must take ``acquire`` (a model to load or wait
+        for, an unknown name, a request id in use, the engine closing, or an input that
+        cannot be handled now without changing the order of inputs: see ``Inbox._submit``).
+
+        The same state as ``acquire`` with ``renewable=False`` leaves, and the same inbox
+        order; what it leaves out is the command, its future and the list of decisions.
+        """
+        if self._closing or not self._inline():
+            return None
+        name = self.resolve(model)
+        if name is None or self._callers.busy(request_id):
+            return None
+        now = self._clock()
+        held = self._scheduler.grant_at_once(
+            request_id, name, now=now, actor=actor or "anonymous", priority=priority
+        )
+        if not held:
+            return None
+        address = self._facts.child(name).address
+        lease = self._callers.grant_at_once(request_id, name, actor, address, now)
+        self._rearm_timer()
+        return lease
+
     def acquire_soon(
         self,
         model: str,

@@ -83,17 +83,21 @@ class Inbox(HangWatch):
         own loop — else posted like any other. The owner task is then parked in the inbox's
         ``get``, so handling it here is handling it next, minus two task switches (issue 16.1).
         """
+        if self._inline():
+            self._handle(command)
+        else:
+            self._post(command)
+
+    def _inline(self) -> bool:
+        """Whether a caller's input may be handled now, in the caller's task (``_submit``)."""
         task = self._loop_task
-        if (
+        return (
             not self._handling
             and self._inbox.empty()
             and task is not None
             and not task.done()
             and task.get_loop() is asyncio._get_running_loop()
-        ):
-            self._handle(command)
-        else:
-            self._post(command)
+        )
 
     def _rearm_timer(self) -> None:
         """Arm the timer with the earliest deadline; it runs after every command, the hot

@@ -164,6 +164,30 @@ class Scheduler(Admission):
         self._arrive(waiter, model, now)
         return self._end(now)
 
+    def grant_at_once(
+        self,
+        request_id: str,
+        model: str,
+        *,
+        now: float,
+        actor: str = "anonymous",
+        priority: Priority | str = Priority.NORMAL,
+    ) -> bool:
+        """``request_arrived`` of a proxy request, for the engine's hot path (issue 16.5):
+        when it would answer with one ``Grant`` and nothing else (7), make that grant and
+        return True, without a list of decisions; otherwise change nothing and return False,
+        and the caller takes ``request_arrived``. The property machine checks both against
+        each other on every arrival that takes this way.
+        """
+        m = self._models.get(model)
+        if m is None or not self._grants_at_once(m, RequestKind.PROXY):
+            return False
+        if self._queue.holds(request_id) or request_id in self._granted:
+            return False  # request_arrived says why
+        waiter = WaiterView(request_id, RequestKind.PROXY, actor, now, priority_of(priority))
+        self._hold(waiter, m, now)
+        return True
+
     def _grants_at_once(self, m: ModelRecord, kind: RequestKind) -> bool:
         """The hot path: a proxy request for a model that serves, nothing queued, not closing.
 

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
+from typing import Any
 
 import pytest
 
 from routerpanel.router.catalogue import Event
 from routerpanel.router.commands import MemorySampled
 from routerpanel.router.config import PresetSpec, RouterConfig, StartupError
-from routerpanel.router.engine import RouterError
+from routerpanel.router.engine import Engine, RouterError
 from routerpanel.router.memory import ChildMemory, SystemMemory
 from routerpanel.router.supervisor import (
     ChildState,
@@ -34,6 +36,15 @@ from tests.support.engine import (
 )
 
 pytest_plugins = ("tests.support.engine",)  # the h fixture: Engine, fake supervisor, clock
+
+
+def state(engine: Engine) -> tuple[object, ...]:
+    """The engine's snapshot without wall-clock readings, and its scheduler's own view."""
+    wall = ("state_since", "last_used", "loaded_at")
+    snapshot = engine.snapshot()
+    models = [{k: v for k, v in m.items() if k not in wall} for m in snapshot.pop("models")]
+    return snapshot, models, engine._scheduler.models(), engine._scheduler.queue()
+
 
 # ---- admission ------------------------------------------------------------------------------
 
@@ -86,6 +97,68 @@ class TestGrantQueueEvict:
         finally:
             h.engine._handling = False
         assert h.engine._inbox.qsize() == 1 and h.model("a")["in_flight"] == 1
+        await h.idle()
+        assert h.model("a")["in_flight"] == 0
+
+    async def test_grant_now_leaves_the_state_acquire_leaves(self) -> None:
+        """The hot path (issue 16.5) against the general one, on two engines fed the same
+        inputs: the same lease, snapshot, queue, fair-share use and receipt, and again after
+        the release."""
+        engines = [await make("a", "b", models_max=2) for _ in range(2)]
+        try:
+            for engine, sup, _ in engines:
+                await engine.load("a")
+                sup.ready("a")
+                await engine.until_idle()
+            (fast, _, _), (general, _, _) = engines
+            kw: dict[str, Any] = {"request_id": "r1", "actor": "user:alice", "priority": "high"}
+            now = fast.grant_now("a", **kw)
+            lease = await general.acquire("a", renewable=False, **kw)
+            assert now is not None
+            fields = ("request_id", "model", "port", "expires_at", "actor", "receipt", "host")
+            assert [getattr(now, f) for f in fields] == [getattr(lease, f) for f in fields]
+            assert now.expires_at == math.inf
+            assert state(fast) == state(general)
+            assert fast.lease_for("r1") == now and general.lease_for("r1") == lease
+            fast.release(now.lease_id)
+            general.release(lease.lease_id)
+            assert state(fast) == state(general)
+            assert fast.snapshot()["models"][0]["in_flight"] == 0
+        finally:
+            for engine, sup, _ in engines:
+                await shut_down(Harness(engine, sup, _))
+
+    async def test_grant_now_declines_what_it_cannot_answer_at_once(self, h: Harness) -> None:
+        """None, and nothing changed, for a model to load, an unknown name, a request id in
+        use, a queue that holds anyone, an input waiting in the inbox (order), and a call
+        from inside a handler; ``acquire`` then answers as it always did."""
+        assert h.engine.grant_now("a", request_id="x1") is None  # not loaded: acquire spawns
+        assert h.engine.grant_now("nope", request_id="x1") is None
+        await h.warm("a", "b")
+        held = await h.engine.acquire("a", request_id="x1")
+        assert h.engine.grant_now("a", request_id="x1") is None  # in use: acquire says 400
+        busy_b = await h.engine.acquire("b", request_id="xb")
+        waiting = h.acquire("c")  # models_max 2, both busy: c queues
+        await h.idle()
+        assert h.engine.queue_position("c") == 1
+        assert h.engine.grant_now("a", request_id="x2") is None
+        waiting.cancel()
+        await h.idle()
+        h.engine.release(busy_b.lease_id)
+        assert h.engine.queue_position("c") == 0
+        h.engine.note(Event.ROUTER_STARTED, {})  # an input waits in the inbox
+        assert h.engine.grant_now("a", request_id="x3") is None
+        await h.idle()
+        h.engine._handling = True  # as if a handler (or a tap it calls) asked
+        try:
+            assert h.engine.grant_now("a", request_id="x4") is None
+        finally:
+            h.engine._handling = False
+        assert h.model("a")["in_flight"] == 1  # only x1 holds it
+        lease = h.engine.grant_now("a", request_id="x5")
+        assert lease is not None and h.model("a")["in_flight"] == 2
+        h.engine.release(lease.lease_id)
+        h.engine.release(held.lease_id)
         await h.idle()
         assert h.model("a")["in_flight"] == 0
 

@@ -171,6 +171,20 @@ class TestTheWatchdogInTheEngine:
         await rig.advance(3600.0)
         assert rig.probe.calls == []
 
+    async def test_a_grant_on_the_hot_path_is_watched_too(self, rig: Rig) -> None:
+        """``grant_now`` (issue 16.5) arms the timer as ``acquire`` does: the request's
+        hang timeout runs from its grant."""
+        await rig.engine.load("a")
+        rig.sup.ready("a")
+        await rig.engine.until_idle()
+        lease = rig.engine.grant_now("a", request_id="a-1", actor="user:alice")
+        assert lease is not None
+        assert rig.engine._timer.deadline == rig.clock.now + 60.0  # armed by the grant itself
+        rig.probe.readings = [None]
+        await rig.advance(60.0)
+        assert rig.probe.calls == [(rig.sup.port("a"), probe_gap(60.0))]
+        assert ("kill", "a") in rig.sup.calls
+
     async def test_a_hang_timeout_given_by_a_reload_starts_the_watch(self) -> None:
         """The engine skips the watchdog's work while no preset has a hang timeout (it asks
         after every command); a reload that gives one must start it all the same."""
