@@ -19,6 +19,7 @@ GIB, MIB = 1 << 30, 1 << 20
 
 
 def history(route: Any, body: dict[str, Any]) -> None:
+    time.sleep(1.0)
     route.fulfill(status=200, content_type="application/json", body=json.dumps(body))
 
 
@@ -78,6 +79,8 @@ def test_an_empty_range_says_so_instead_of_drawing_an_axis(
         lambda route: history(route, body),
     )
     page.click(".ranges button[data-range='24h']")
+    # the live range of a quiet server is empty too: wait for the 24 h answer to be drawn
+    page.wait_for_function("window.panelChart.shown === '24h'")
     page.wait_for_selector("#memchart-models .chart-empty")
     assert page.inner_text("#memchart-models") == "No model was running in this range."
     assert axis(page, "system")["x"] == body["window"]
