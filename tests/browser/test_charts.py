@@ -98,6 +98,7 @@ def test_a_few_seconds_of_live_samples_span_two_minutes_with_whole_second_ticks(
           const c = window.panelChart;
           c.load({ time: [now - 2, now - 1, now], used: [2e9, 2e9, 2e9], available: [9e9, 9e9, 9e9],
                    swap_used: [0, 0, 0], wired: [0, 0, 0], models: {} });
+          c.load = c.push = () => {};  // no live sample or late history redraws before the read
           await new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)));
           const u = c.system.uplot;
           return { x: [u.scales.x.min, u.scales.x.max], values: u.axes[0]._values };

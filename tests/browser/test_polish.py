@@ -273,6 +273,8 @@ def test_the_log_has_one_timestamp_a_line_a_filter_and_level_colours(
     page.wait_for_function("window.panelLive && window.panelLive.snapshots > 0")
     quiet.post("/models/load", {"model": BROKEN})  # answers before the load fails
     page.wait_for_selector("#log .line.lv-error")
+    # the failure writes two error lines; the count below needs the second one in too
+    page.wait_for_selector("#log .line:has-text('exiting due to model loading error')")
     lines = page.locator("#log .line")
     for i in range(lines.count()):
         line = lines.nth(i)

@@ -46,6 +46,9 @@ def test_a_booking_shows_on_the_week_an_overlap_is_refused_and_delete_asks_first
     assert "demo-large" in page.inner_text("main")  # the confirmation names the booking
     page.click("main form button[type=submit]")
     page.wait_for_selector("#week")
+    monday = tomorrow - dt.timedelta(days=tomorrow.weekday())  # the booking's week, maybe next
+    page.goto(f"{quiet.url}/reservations/?week={monday.isoformat()}")
+    page.wait_for_selector("#week")
     assert page.locator("#week li.booking", has_text="demo-large").count() == 0
     console.assert_clean("status of 400")  # the refused booking's answer
 
