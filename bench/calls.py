@@ -172,10 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=200, help="requests per row (200)")
     parser.add_argument("--out", type=Path, help="also write the Markdown table here")
     args = parser.parse_args(argv)
-    table = run(args.requests)
-    common.print_tables([table])
-    if args.out:
-        args.out.write_text(table.markdown())
+    common.report([run(args.requests)], args.out)
 
 
 if __name__ == "__main__":

@@ -585,6 +585,13 @@ def print_tables(tables: Iterable[Table]) -> None:
         print(table.markdown())
 
 
+def report(tables: list[Table], out: Path | None) -> None:
+    """A bench script's ending: print ``tables``, and write them to ``out`` (its ``--out``)."""
+    print_tables(tables)
+    if out:
+        out.write_text("".join(t.markdown() + "\n" for t in tables))
+
+
 @contextlib.contextmanager
 def workdir(prefix: str) -> Iterator[Path]:
     """A temporary directory for INI files, data dirs and logs; kept only if the part failed."""

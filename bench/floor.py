@@ -215,10 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.relay:
         relay(*args.relay)
         return
-    table = run(args.requests)
-    common.print_tables([table])
-    if args.out:
-        args.out.write_text(table.markdown())
+    common.report([run(args.requests)], args.out)
 
 
 if __name__ == "__main__":

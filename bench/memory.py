@@ -176,10 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds of load (10)")
     parser.add_argument("--out", type=Path, help="also write the Markdown table here")
     args = parser.parse_args(argv)
-    tables = run(args.seconds)
-    common.print_tables(tables)
-    if args.out:
-        args.out.write_text("".join(t.markdown() + "\n" for t in tables))
+    common.report(run(args.seconds), args.out)
 
 
 if __name__ == "__main__":

@@ -436,10 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="streaming rounds per row (5)")
     parser.add_argument("--out", type=Path, help="also write the Markdown tables here")
     args = parser.parse_args(argv)
-    tables = run(args.requests, args.rounds)
-    common.print_tables(tables)
-    if args.out:
-        args.out.write_text("".join(t.markdown() + "\n" for t in tables))
+    common.report(run(args.requests, args.rounds), args.out)
 
 
 if __name__ == "__main__":

@@ -284,10 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         figures = asyncio.run(engine_figures(args.presets, args.waiters, args.samples))
         print(json.dumps(figures))
         return
-    tables = run(args.waiters, args.presets, args.samples)
-    common.print_tables(tables)
-    if args.out:
-        args.out.write_text("".join(t.markdown() + "\n" for t in tables))
+    common.report(run(args.waiters, args.presets, args.samples), args.out)
 
 
 if __name__ == "__main__":

@@ -104,10 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sched-swaps", type=int, default=50, help="swaps of swap.py (50)")
     parser.add_argument("--out", type=Path, help="also write the Markdown tables here")
     args = parser.parse_args(argv)
-    tables = run(args.swaps, args.sched_swaps)
-    common.print_tables(tables)
-    if args.out:
-        args.out.write_text("".join(t.markdown() + "\n" for t in tables))
+    common.report(run(args.swaps, args.sched_swaps), args.out)
 
 
 if __name__ == "__main__":
