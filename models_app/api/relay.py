@@ -23,8 +23,9 @@ test_relay.py:
 * the connection goes back to the pool only when its answer was read to its end and the child
   did not ask to close; one the child closed while idle is noticed (EOF) and never reused.
 
-The retry-once rule (a kept-alive connection that fails before any answer byte) is the pool's
-(upstream.py): ``Stale`` tells it such a failure from a real one.
+The retry-once rule (a kept-alive connection that ends before any answer byte, at once: the
+child had closed it) is the pool's (upstream.py): ``Stale`` tells it such a failure from a real
+one. A second answer to one request is not read into the first, and ends the connection.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ CONNECT_TIMEOUT = "Connection timed out"
 READ_TIMEOUT = "Read timeout"
 READ_FAILED = "Failed to read connection"
 
+# A kept-alive connection the child closed while it was idle, crossing our request, ends at
+# once: its close is seen in the loop's next turns. One that ends later, without an answer
+# byte, was read by a child that then failed: the request is not sent again (a second
+# generation, or a dead child's "Could not establish connection" in place of its own error).
+STALE_WINDOW = 0.25
+
 
 class UpstreamError(Exception):
     """The child could not be reached or broke off; ``text`` is cpp-httplib's wording."""
@@ -56,8 +63,9 @@ class UpstreamError(Exception):
 
 
 class Stale(UpstreamError):
-    """The connection ended before any byte of the answer: the child never read the request
-    (on a kept-alive connection: it had closed it first; the pool sends it again)."""
+    """The connection ended before any byte of the answer and within ``STALE_WINDOW`` of the
+    request: the child never read it (on a kept-alive connection: it had closed it first; the
+    pool sends it again)."""
 
 
 HEADER_LINE = b"%s: %s\r\n"
@@ -197,6 +205,7 @@ class Connection(asyncio.Protocol):
         self._no_body = False  # an answer to HEAD
         self._until_close = False  # no length, not chunked: the body ends with the connection
         self.last_read = 0.0  # loop time of the child's last bytes (or of the request)
+        self.sent_at = 0.0  # loop time the current request was written
         self._deadline: asyncio.TimerHandle | None = None  # the read timeout's one timer
 
     # ---- the exchange -----------------------------------------------------------------------
@@ -213,7 +222,7 @@ class Connection(asyncio.Protocol):
         self._no_body = method == "HEAD"
         self._until_close = False
         self.requests += 1
-        self.last_read = self.loop.time()
+        self.last_read = self.sent_at = self.loop.time()
         if self._deadline is None:
             self._deadline = self.loop.call_at(self.last_read + self.read_timeout, self._due)
         self.transport.write(request)
@@ -322,8 +331,8 @@ class Connection(asyncio.Protocol):
         if answer is None:
             return
         if self.head is not None and not self.head.done():
-            error = READ_FAILED
-            self.head.set_exception(Stale(error) if not self.got_bytes else UpstreamError(error))
+            stale = not self.got_bytes and self.loop.time() - self.sent_at < STALE_WINDOW
+            self.head.set_exception(Stale(READ_FAILED) if stale else UpstreamError(READ_FAILED))
         elif not answer.complete and answer.error is None:
             answer.error = READ_FAILED
             answer.wake()
@@ -353,8 +362,8 @@ class Connection(asyncio.Protocol):
             self._headers = []
             return
         answer = self.answer
-        if answer is None or self.head is None:
-            return
+        if answer is None or self.head is None or answer.complete:
+            return  # a second answer to one request (keep is off): not merged into the first
         answer.status = status
         answer.raw_headers = tuple(self._headers)
         lower: dict[str, str] = {}
@@ -362,7 +371,9 @@ class Connection(asyncio.Protocol):
             lower.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
         answer._lower = lower
         self.keep = self.parser.should_keep_alive()
-        framed = "content-length" in lower or "transfer-encoding" in lower
+        # Only chunked frames a body; any other transfer coding without a length ends at close
+        chunked = lower.get("transfer-encoding", "").rstrip().lower().endswith("chunked")
+        framed = "content-length" in lower or chunked
         self._until_close = not framed and not self._no_body and status not in (204, 304)
         if self._no_body:  # HEAD: the parser would wait for a body that never comes
             answer.complete = True
@@ -371,8 +382,9 @@ class Connection(asyncio.Protocol):
             self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        if self.answer is not None and not self._informational:
-            self.answer._feed(body)
+        answer = self.answer
+        if answer is not None and not self._informational and not answer.complete:
+            answer._feed(body)
 
     def on_message_complete(self) -> None:
         if self._informational:

@@ -21,6 +21,14 @@ from tests.support.raw_upstream import RawUpstream, answering, read_request
 DEADLINE = 10.0
 
 
+async def exchange(pool: ChildPool) -> tuple[int, bytes]:
+    """POST one request through ``pool``; its answer's status and body, read to the end."""
+    answer = await asyncio.wait_for(pool.send("POST", "/tokenize", [], b"{}"), DEADLINE)
+    body = await asyncio.wait_for(answer.read(), DEADLINE)
+    await answer.aclose()
+    return answer.status, body
+
+
 def test_a_request_is_one_buffer_head_then_body() -> None:
     headers = [(b"content-type", b"application/json"), (b"x-request-id", b"r1")]
     assert relay.encode_request("POST", "/tokenize?x=1", "127.0.0.1:8080", headers, b"{}") == (
@@ -110,13 +118,9 @@ async def test_bytes_nobody_asked_for_make_an_idle_connection_unusable() -> None
 
     async with RawUpstream(handler) as child:
         pool = ChildPool(ChildAddress(LOOPBACK, child.port), ApiConfig())
-        first = await asyncio.wait_for(pool.send("POST", "/tokenize", [], b"{}"), DEADLINE)
-        assert await first.read() == b"ok"
-        await first.aclose()
+        assert await exchange(pool) == (200, b"ok")
         await asyncio.sleep(0.1)
-        second = await asyncio.wait_for(pool.send("POST", "/tokenize", [], b"{}"), DEADLINE)
-        assert await second.read() == b"ok"
-        await second.aclose()
+        assert await exchange(pool) == (200, b"ok")
         await pool.aclose()
     assert child.connections == 2  # the first connection was not trusted again
 
@@ -163,5 +167,108 @@ async def test_chunks_that_arrived_together_are_read_as_one_piece() -> None:
             assert loop.time() < deadline, "the rest of the answer never came"
             await asyncio.sleep(0.01)
         assert [piece async for piece in pieces] == [b"cdef"]
+        await answer.aclose()
+        await pool.aclose()
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+async def test_a_second_answer_to_one_request_is_not_read_into_the_first() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(OK + b"HTTP/1.1 500 X\r\nContent-Length: 3\r\n\r\nbad")  # one write
+        await read_request(reader)
+        writer.write(OK)
+        await reader.read()
+
+    async with RawUpstream(handler) as child:
+        pool = ChildPool(ChildAddress(LOOPBACK, child.port), ApiConfig())
+        for _ in range(2):
+            assert await exchange(pool) == (200, b"ok")
+        await pool.aclose()
+    assert child.connections == 2  # the connection that sent two answers was not kept
+
+
+async def test_an_informational_answer_in_its_own_write_is_skipped() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.1)  # read by the client on its own
+        writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok")
+        await reader.read()
+
+    async with RawUpstream(handler) as child:
+        pool = ChildPool(ChildAddress(LOOPBACK, child.port), ApiConfig())
+        answer = await asyncio.wait_for(pool.send("POST", "/tokenize", [], b"{}"), DEADLINE)
+        assert (answer.status, await asyncio.wait_for(answer.read(), DEADLINE)) == (201, b"ok")
+        await answer.aclose()
+        await pool.aclose()
+
+
+async def exchange_then(second: bytes, hold: float = 0.0) -> tuple[ChildPool, UpstreamError, int]:
+    """A kept-alive connection answers once, then reads a second request, waits ``hold`` s,
+    writes ``second`` and closes; the second exchange's error, and the requests received."""
+    received = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append(await read_request(reader))
+        writer.write(OK)
+        received.append(await read_request(reader))
+        await asyncio.sleep(hold)
+        writer.write(second)
+        await writer.drain()
+
+    async with RawUpstream(handler) as child:
+        pool = ChildPool(ChildAddress(LOOPBACK, child.port), ApiConfig())
+        assert await exchange(pool) == (200, b"ok")
+        with pytest.raises(UpstreamError) as failed:
+            answer = await asyncio.wait_for(pool.send("POST", "/tokenize", [], b"{}"), DEADLINE)
+            await asyncio.wait_for(answer.read(), DEADLINE)
+        await pool.aclose()
+    return pool, failed.value, len(received)
+
+
+async def test_a_kept_alive_connection_that_breaks_off_after_answer_bytes_is_not_retried() -> None:
+    pool, error, received = await exchange_then(b"HTTP/1.1 200 OK\r\nContent-Le")
+    assert (error.text, pool.retries, received) == (relay.READ_FAILED, 0, 2)
+
+
+async def test_a_request_the_child_held_before_it_closed_is_not_sent_again() -> None:
+    # It read the request and failed later (not the idle close that crossed it): no second try
+    pool, error, received = await exchange_then(b"", hold=2 * relay.STALE_WINDOW)
+    assert (error.text, pool.retries, received) == (relay.READ_FAILED, 0, 2)
+    assert not isinstance(error, relay.Stale)
+
+
+async def test_a_body_with_a_transfer_coding_other_than_chunked_ends_at_close() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\nabc"
+    async with RawUpstream(answering(answer, then_close=True)) as child:
+        pool = ChildPool(ChildAddress(LOOPBACK, child.port), ApiConfig())
+        got = await asyncio.wait_for(pool.send("POST", "/x", [], b"{}"), DEADLINE)
+        assert await asyncio.wait_for(got.read(), DEADLINE) == b"abc"
+        await got.aclose()
+        await pool.aclose()
+
+
+async def test_a_reader_busy_longer_than_the_read_timeout_is_not_cut_off() -> None:
+    go_on = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n")
+        await go_on.wait()  # silent while its reader is busy elsewhere (a slow client)
+        writer.write(b"2\r\ncd\r\n0\r\n\r\n")
+        await reader.read()
+
+    async with RawUpstream(handler) as child:
+        pool = ChildPool(ChildAddress(LOOPBACK, child.port), ApiConfig(upstream_timeout=0.2))
+        answer = await asyncio.wait_for(pool.send("POST", "/completion", [], b"{}"), DEADLINE)
+        pieces = answer.chunks()
+        assert await asyncio.wait_for(anext(pieces), DEADLINE) == b"ab"
+        await asyncio.sleep(0.8)  # four read timeouts, not waiting on the answer
+        go_on.set()
+        assert await asyncio.wait_for(anext(pieces), DEADLINE) == b"cd"
         await answer.aclose()
         await pool.aclose()
