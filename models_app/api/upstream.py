@@ -15,10 +15,11 @@ request, and it sends only what the client sent plus ``Host``, ``Accept-Encoding
 llama-server (cpp-httplib) closes a keep-alive connection after a stream, after 100 requests, or
 when idle for 5 s, without saying so. A pooled connection the child closed while it was idle
 is noticed (EOF) and dropped; one idle longer than ``keepalive_expiry`` is not reused. The close
-can still race with the reuse: the request is then written to a dead socket and fails before
-any answer byte (``relay.Stale``). Such a request never reached the child, so it is sent once
-more on a connection made for it. A failure on a *new* connection is a real error (the child is
-gone or broken) and is not retried.
+can still race with the reuse: the request is then written to a dead socket and the connection
+ends at once, before any answer byte (``relay.Stale``: within ``relay.STALE_WINDOW``). Such a
+request never reached the child, so it is sent once more on a connection made for it; one that
+ends later without an answer was read by a child that failed, and is not sent again. A failure
+on a *new* connection is a real error (the child is gone or broken) and is not retried.
 
 What a client of the proxy sees of a failure is cpp-httplib's text (``UpstreamError.text``,
 §8.14).
