@@ -57,12 +57,19 @@ def test_a_load_that_started_at_once_is_not_said_to_have_queued(
 ) -> None:
     page, console = open_page()
     chat = {"model": "demo-small", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    assert quiet.post("/v1/chat/completions", chat)[0] == 200  # both slots were free
+    rows = f"{quiet.url}/audit/?kind=load_requested&model=demo-small"
+    newest = page.locator("#audit-table tbody td[data-label=Time] a")
     reasons = page.locator("#audit-table tbody td[data-label=Reason]")
+
+    def newest_row() -> str | None:  # the newest row's own link, None: no row yet
+        page.goto(rows)
+        return newest.first.get_attribute("href") if newest.count() else None
+
+    before = newest_row()  # an earlier test's load of demo-small left its own row
+    assert quiet.post("/v1/chat/completions", chat)[0] == 200  # both slots were free
     deadline = time.monotonic() + 15  # the audit writer stores rows in batches
-    while not (page.goto(f"{quiet.url}/audit/?kind=load_requested&model=demo-small") and
-               reasons.count()):  # fmt: skip
-        assert time.monotonic() < deadline, "no load_requested row for demo-small"
+    while newest_row() == before:
+        assert time.monotonic() < deadline, "no new load_requested row for demo-small"
         time.sleep(0.3)
     reason = reasons.first.inner_text()
     assert reason == "loading at once: a slot was free"
