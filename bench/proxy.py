@@ -1,6 +1,6 @@
 """Per-request overhead and streaming throughput: RouterPanel and llama.cpp's router vs direct.
 
-    .venv/bin/python bench/proxy.py [--requests 200] [--rounds 5] [--out FILE]
+    .venv/bin/python bench/proxy.py [--requests 200] [--rounds 15] [--out FILE]
 
 Two children, each measured against itself:
 
@@ -342,7 +342,7 @@ def sim_targets(procs: Processes, work: Path) -> list[Target]:
     ]
 
 
-def run(requests: int = 200, rounds: int = 5, seed: int = 11434) -> list[Table]:
+def run(requests: int = 200, rounds: int = 15, seed: int = 11434) -> list[Table]:
     """Measure everything; return the two tables."""
     rng = random.Random(seed)
     per_request = Table(
@@ -450,7 +450,7 @@ def delayed_ack_notes(direct: dict[str, float]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=200, help="paired requests per row (200)")
-    parser.add_argument("--rounds", type=int, default=5, help="streaming rounds per row (5)")
+    parser.add_argument("--rounds", type=int, default=15, help="streaming rounds per row (15)")
     parser.add_argument("--out", type=Path, help="also write the Markdown tables here")
     args = parser.parse_args(argv)
     common.report(run(args.requests, args.rounds), args.out)
