@@ -10,7 +10,15 @@ PORT ?= 8080
 # it from pyproject.toml for every supported Python at once.
 LOCK := requirements.lock
 
-.PHONY: run test lint setup lock clean
+# Test workers (pytest-xdist): one per core by default.
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST := ROUTERPANEL_DATA_DIR=$${ROUTERPANEL_DATA_DIR:-$$(mktemp -d)} $(PY) -m pytest
+# Browser tests share a Playwright session and one panel server per worker: they run as one
+# group on one worker (--dist loadgroup), never interleaved with asyncio tests, while the other
+# workers take every other test one at a time.
+PARALLEL := -n $(JOBS) --dist loadgroup
+
+.PHONY: run test check bench-smoke lint setup lock clean
 
 setup: $(STAMP)
 
@@ -30,8 +38,17 @@ lock: $(STAMP)
 run: $(STAMP)
 	$(PY) manage.py serve --demo-if-empty --host $(HOST) --port $(PORT) $(ARGS)
 
+# Every tier, in parallel, but the benchmark smoke test (make bench-smoke).
 test: $(STAMP)
-	ROUTERPANEL_DATA_DIR=$${ROUTERPANEL_DATA_DIR:-$$(mktemp -d)} $(PY) -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PARALLEL) -m "not bench" $(PYTEST_ARGS)
+
+# The edit loop: lint, then the unit and app tiers in parallel (under 2 minutes on 2 cores).
+check: lint
+	$(PYTEST) $(PARALLEL) tests/unit tests/app $(PYTEST_ARGS)
+
+# Every benchmark part runs to its end on the real llama-server (bench/run_all.py --quick).
+bench-smoke: $(STAMP)
+	$(PYTEST) -m bench $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/x.py` puts bench/ first, not the project
     sys.path.insert(0, str(ROOT))
 
-from tests.llama.ggufgen import SIZES  # noqa: E402  (needs ROOT on sys.path)
+from tests.support.ggufgen import SIZES  # noqa: E402  (needs ROOT on sys.path)
 
 PYTHON = sys.executable
 HOST = "127.0.0.1"

@@ -184,7 +184,7 @@ class AuditMapper:
         if reason in OWN_ROW:
             return  # model.evicted or model.hung follows at once, with the details
         row = self._row(seq, t, STOP_KINDS[reason], d, trigger, emit=False)
-        row.update(memory_before=self._used(), to_state="")
+        row.update(memory_before=self._used(), to_state="", idle_seconds=d.get("idle_for"))
         row["details"] |= {"action": action, "stop_timeout": d.get("stop_timeout")}
         row["details"]["memory_before"] = self._system
         self._wait_for_exit(model, row, action, reason, d.get("stop_timeout"), t)

@@ -82,6 +82,7 @@ ModelStateData = TypedDict(
         "trigger": TriggerData | None,
         "stop_timeout": float | None,
         "stop_reason": str | None,  # a decisions.StopReason value
+        "idle_for": float,  # a stop: seconds it had been idle (an eviction's, a ttl's)
         "load_seconds": float,  # loading -> loaded
         "info": dict[str, Any],  # the child's /v1/models object, with its first ready
         "loaded_for": str,  # loading -> loaded: the actor whose request spawned the child

@@ -59,7 +59,7 @@ def state_data(change: StateChanged, nxt: Decision | None) -> ModelStateData:
         action, trigger = type(nxt).__name__.lower(), nxt.trigger
         stop_timeout = nxt.stop_timeout if isinstance(nxt, Stop) else None
         stop_reason = nxt.reason.value if isinstance(nxt, Stop | Kill) else None
-    return {
+    data: ModelStateData = {
         "model": change.model,
         "from": change.from_state.value,
         "to": change.to_state.value,
@@ -71,6 +71,9 @@ def state_data(change: StateChanged, nxt: Decision | None) -> ModelStateData:
         "stop_timeout": stop_timeout,
         "stop_reason": stop_reason,  # a StopReason value when the change is a stop
     }
+    if isinstance(nxt, Stop) and nxt.model == change.model:
+        data["idle_for"] = nxt.idle_for  # how long it had been idle when it was stopped
+    return data
 
 
 class RequestRows:

@@ -15,7 +15,7 @@ from models_app.api import Api, ApiConfig, auth
 from models_app.api.auth import Caller, KeyStore, KeyTable, digest
 from models_app.bridge import RouterClient
 from models_app.models import ApiKey, RouterSettings
-from tests.app.conftest import AsgiClient, django_stand_in
+from tests.support.asgi import AsgiClient, django_stand_in
 from tests.support.fake_router import FakeRouter, Grant
 
 UNAUTHORIZED = b'{"error":{"message":"Invalid API Key","type":"authentication_error","code":401}}'

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.app.conftest import REPO, SimServer
+from tests.support.paths import REPO
+from tests.support.upstreams import SimServer
 
 DEADLINE = 30.0
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.app.conftest import AsgiClient
+from tests.support.asgi import AsgiClient
 from tests.support.fake_router import FakeRouter, Grant
 
 NOT_FOUND = b'{"error":{"message":"File Not Found","type":"not_found_error","code":404}}'

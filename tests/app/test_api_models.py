@@ -8,7 +8,7 @@ import pytest
 
 from models_app import runtime
 from models_app.api import listing
-from tests.app.conftest import AsgiClient
+from tests.support.asgi import AsgiClient
 from tests.support.fake_router import FakeRouter, Reject, Silent
 
 NOT_FOUND = b'{"error":{"message":"File Not Found","type":"not_found_error","code":404}}'

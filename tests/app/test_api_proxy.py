@@ -8,8 +8,9 @@ import pytest
 
 from models_app import runtime
 from models_app.api import ApiConfig
-from tests.app.conftest import AsgiClient, ScriptedUpstream, SimServer
+from tests.support.asgi import AsgiClient
 from tests.support.fake_router import FakeRouter, Grant, Reject, Silent
+from tests.support.upstreams import ScriptedUpstream, SimServer
 
 NOT_FOUND = b'{"error":{"message":"File Not Found","type":"not_found_error","code":404}}'
 

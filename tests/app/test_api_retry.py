@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from models_app.api import Api
 from routerpanel.router.address import LOOPBACK, ChildAddress
-from tests.app.conftest import AsgiClient, ScriptedUpstream
+from tests.support.asgi import AsgiClient
 from tests.support.fake_router import FakeRouter, Grant
+from tests.support.upstreams import ScriptedUpstream
 
 
 async def tokenize(client: AsgiClient, content: str) -> tuple[int, bytes]:

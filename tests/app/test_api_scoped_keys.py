@@ -15,8 +15,9 @@ from models_app.api.auth import Caller, KeyStore, KeyTable, digest
 from models_app.bridge import RouterClient
 from models_app.models import AuditEvent, AuditKind
 from routerpanel.router.catalogue import Event
-from tests.app.conftest import AsgiClient, SimServer, django_stand_in
+from tests.support.asgi import AsgiClient, django_stand_in
 from tests.support.fake_router import FakeRouter, Grant, QueueThenGrant, Reject
+from tests.support.upstreams import SimServer
 
 SCOPED = "rp-scoped-key-0123456789"
 LIMITED = "rp-limited-key-0123456789"

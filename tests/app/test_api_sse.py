@@ -11,7 +11,7 @@ from channels.layers import InMemoryChannelLayer
 from models_app.api.sse import LlamaEvents
 from models_app.bridge import EVENTS_GROUP
 from routerpanel.router.catalogue import Event
-from tests.app.conftest import AsgiClient, Call
+from tests.support.asgi import AsgiClient, Call
 from tests.support.fake_router import FakeRouter
 
 INFO = {"id": "m", "aliases": ["m"], "object": "model", "meta": {"n_ctx": 4096}}

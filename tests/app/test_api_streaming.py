@@ -13,8 +13,9 @@ import time
 import httpx
 
 from models_app.api import Api
-from tests.app.conftest import AsgiClient, ScriptedUpstream, SimServer
+from tests.support.asgi import AsgiClient
 from tests.support.fake_router import FakeRouter, Grant, QueueThenGrant
+from tests.support.upstreams import ScriptedUpstream, SimServer
 
 DEADLINE = 30.0
 

@@ -27,7 +27,8 @@ from models_app.api.auth import KeyStore
 from models_app.bridge import ROUTER_CHANNEL, RouterClient
 from models_app.models import ApiKey, AuditEvent, AuditKind
 from models_app.worker import RouterConsumer, RouterHost
-from tests.app.conftest import AsgiClient, django_stand_in, save_two_sim_presets
+from tests.support.asgi import AsgiClient, django_stand_in
+from tests.support.upstreams import save_two_sim_presets
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DEADLINE = 60.0

@@ -25,6 +25,7 @@ from routerpanel.router.engine import Engine, EngineEvent
 from routerpanel.router.memory import ChildMemory, SystemMemory
 from routerpanel.router.supervisor import ChildExited, ChildStuck, Leftover, LogLine
 from tests.support.engine import FakeClock, FakeSupervisor, make, preset
+from tests.support.waits import settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 GIB = 1 << 30
@@ -125,7 +126,7 @@ class TestEviction:
         await rig.idle()
         rig.sup.ready("b")
         await rig.idle()
-        await waiting
+        await settled(waiting)
 
         (row,) = await rig.rows(AuditKind.EVICTION)
         assert (row.model, row.from_state, row.to_state) == ("a", "loaded", "unloaded")
@@ -164,7 +165,7 @@ class TestEviction:
         await rig.idle()
         rig.sup.ready("b")
         await rig.idle()
-        await waiting
+        await settled(waiting)
         (row,) = await rig.rows(AuditKind.EVICTION)
         assert row.actor == "user:bob" and row.settle_seconds == 2.5
         assert row.details["settle_by"] == "memory" and row.memory_after == 10 * GIB
@@ -201,7 +202,7 @@ class TestLoads:
         await rig.idle()
         rig.sup.ready("a")
         await rig.idle()
-        await waiting
+        await settled(waiting)
         (loading,) = await rig.rows(AuditKind.LOADING)
         (ready,) = await rig.rows(AuditKind.READY)
         assert (loading.model, loading.from_state, loading.to_state) == ("a", "unloaded", "loading")
@@ -360,7 +361,9 @@ async def test_every_row_is_stored_once_with_its_seq(rig: Rig) -> None:
         await rig.idle()
         rig.sup.ready(model)
         await rig.idle()
-        rig.engine.release((await waiting).lease_id)  # idle again: the next one may evict it
+        rig.engine.release(
+            (await settled(waiting)).lease_id
+        )  # idle again: the next one may evict it
     rows = await rig.rows()
     seqs = [r.seq for r in rows]
     assert len(seqs) == len(set(seqs)) == rig.writer.produced

@@ -17,8 +17,8 @@ from models_app.api.auth import KeyStore, KeyTable, LoginFailures, record_in_dat
 from models_app.bridge import RouterClient
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
 from models_app.presets_io import import_presets
-from tests.app.conftest import AsgiClient, django_stand_in
 from tests.support.admin import FORM
+from tests.support.asgi import AsgiClient, django_stand_in
 
 CHANGE_SETTINGS = {
     "models_max": "2", "memory_headroom": "0", "settle_timeout": "10", "max_waiters": "",

@@ -33,8 +33,9 @@ from models_app.models import AuditEvent
 from models_app.specs import Overrides
 from models_app.worker import RouterConsumer, RouterHost
 from routerpanel.router.engine import EngineEvent
-from tests.app.conftest import AsgiClient, ScriptedUpstream, django_stand_in, save_two_sim_presets
+from tests.support.asgi import AsgiClient, django_stand_in
 from tests.support.fake_router import FakeRouter, Grant
+from tests.support.upstreams import ScriptedUpstream, save_two_sim_presets
 
 DEADLINE = 60.0
 CLIENT_KEYS = {"authorization": "Bearer sk-routerpanel-client", "x-api-key": "sk-also-ours"}

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from django.core.management import get_commands, load_command_class
 
-from tests.app.conftest import REPO
+from tests.support.paths import REPO
 
 COMPOSE = REPO / "docker-compose.yml"
 THIRD_PARTY = {"postgres", "redis"}  # images configured by their own variables

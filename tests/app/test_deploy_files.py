@@ -10,7 +10,7 @@ import configparser
 import plistlib
 import subprocess
 
-from tests.app.conftest import REPO
+from tests.support.paths import REPO
 
 PLIST = REPO / "deploy" / "macos" / "org.routerpanel.router.plist"
 UNIT = REPO / "deploy" / "linux" / "routerpanel-router.service"

@@ -20,7 +20,7 @@ from models_app.roles import Role
 from models_app.worker import RouterHost
 from routerpanel.router.catalogue import Event
 from routerpanel.router.feed import EngineEvent, Subscription
-from tests.app.test_panel_consumer import TIMEOUT, connect, receive
+from tests.support.dashboard_socket import TIMEOUT, connect, receive
 from tests.support.panel import RouterStub, make_user
 
 pytest_plugins = ("tests.support.panel",)

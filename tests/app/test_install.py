@@ -11,8 +11,6 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "requirements.lock"
 
@@ -155,10 +153,9 @@ class TestCiScript:
     def test_a_postgres_that_does_not_come_up_fails_with_a_clear_message(
         self, tmp_path: Path
     ) -> None:
-        if not Path("/etc/postgresql").is_dir():
-            pytest.skip("this test pretends a cluster is installed under /etc/postgresql")
+        (tmp_path / "postgresql" / "15" / "main").mkdir(parents=True)  # a cluster "is installed"
         path = fake_bin(tmp_path / "bin", pg_isready="exit 2", pg_ctlcluster="exit 1")
-        done = ci_function("start_postgres", tmp_path, path)
+        done = ci_function(f"PG_CONF={tmp_path}/postgresql\nstart_postgres", tmp_path, path)
         assert done.returncode == 1
         assert re.fullmatch(
             r"error: PostgreSQL \S+ did not start on 127.0.0.1:5432 \(see /var/log/postgresql/\)",

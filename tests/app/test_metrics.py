@@ -18,9 +18,10 @@ from models_app.metrics import RouterMetrics, render
 from routerpanel.router.commands import MemorySampled
 from routerpanel.router.memory import ChildMemory, SystemMemory
 from routerpanel.router.supervisor import ChildExited
-from tests.app.conftest import AsgiClient, django_stand_in
+from tests.support.asgi import AsgiClient, django_stand_in
 from tests.support.engine import Harness, engine_config
 from tests.support.fake_router import FakeRouter
+from tests.support.waits import settled
 
 pytest_plugins = ("tests.support.engine",)  # the h fixture: Engine, fake supervisor, clock
 
@@ -48,7 +49,7 @@ async def drive(h: Harness) -> RouterMetrics:
     await h.idle()
     h.sup.ready("b")
     await h.idle()
-    await victim_waiter
+    await settled(victim_waiter)
     h.acquire("c", actor="user:y")  # waits: b is busy, nothing to evict
     await h.idle()
     system = SystemMemory(64 * GIB, 40 * GIB, 24 * GIB, 8 * GIB, GIB, None)

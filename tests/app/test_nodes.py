@@ -17,7 +17,6 @@ from models_app import liveness, nodes
 from models_app.audit_mapper import AuditMapper
 from routerpanel.router.catalogue import Event
 from routerpanel.router.feed import EngineEvent
-from tests.tiers import missing
 
 
 def status(*models: dict[str, Any], models_max: int = 1, memory: int | None = None) -> dict:
@@ -277,17 +276,11 @@ class TestAuditRows:
 
 
 @pytest.fixture
-def redis_prefix(settings: Any) -> str:
-    """The machine's Redis under a prefix of this test's own (skips without it)."""
+def redis_prefix(settings: Any, redis_url: str) -> str:
+    """This worker's own Redis (emptied), under a prefix of this test's own."""
     import uuid
 
-    import redis
-
-    try:
-        redis.Redis.from_url("redis://127.0.0.1:6379/0", socket_connect_timeout=1).ping()
-    except Exception as exc:
-        missing(f"Redis is not reachable on 127.0.0.1:6379: {exc}")
-    settings.REDIS_URL = "redis://127.0.0.1:6379/0"
+    settings.REDIS_URL = redis_url
     settings.ROUTERPANEL_REDIS_PREFIX = f"test-nodes-{uuid.uuid4().hex[:8]}"
     nodes._caches.clear()
     return str(settings.ROUTERPANEL_REDIS_PREFIX)

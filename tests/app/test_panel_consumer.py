@@ -3,7 +3,6 @@ resync, logs and the live audit feed."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -20,29 +19,11 @@ from models_app.models import AuditEvent, AuditKind
 from models_app.roles import Role, set_role
 from models_app.views import actions, common
 from routerpanel.router.catalogue import Event
+from tests.support.dashboard_socket import TIMEOUT, connect, receive
 from tests.support.panel import RouterStub, make_user, model_row
 
 pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db(transaction=True)
-
-TIMEOUT = 10.0  # generous: a small, busy machine
-
-
-async def connect(user: Any, path: str = "/ws/dashboard/") -> WebsocketCommunicator:
-    socket = WebsocketCommunicator(DashboardConsumer.as_asgi(), path)
-    socket.scope["user"] = user
-    connected, code = await socket.connect(timeout=TIMEOUT)
-    assert connected, code
-    return socket
-
-
-async def receive(socket: WebsocketCommunicator, kind: str) -> dict[str, Any]:
-    """The next message of type ``kind``, skipping others (memory, audit, events)."""
-    async with asyncio.timeout(TIMEOUT):
-        while True:
-            message = await socket.receive_json_from(timeout=TIMEOUT)
-            if message["type"] == kind:
-                return message
 
 
 async def emit(seq: int, kind: str, data: dict[str, Any]) -> None:

@@ -9,8 +9,8 @@ from django.test import Client
 
 from models_app.models import AuditEvent, Preset
 from routerpanel.router import options
-from tests.app.test_panel_presets import form
 from tests.support.panel import RouterStub
+from tests.support.preset_form import form
 
 pytest_plugins = ("tests.support.panel",)
 

@@ -15,9 +15,10 @@ import pytest
 
 from models_app.api.pump import start_now
 from models_app.api.request import CHUNK_NOW
-from tests.app.conftest import DEADLINE, AsgiClient, Call
+from tests.support.asgi import DEADLINE, AsgiClient, Call
 from tests.support.fake_router import FakeRouter, Grant
 from tests.support.raw_upstream import RawUpstream, read_request
+from tests.support.waits import settled
 
 CHUNKS = 60
 
@@ -49,7 +50,7 @@ async def test_one_that_suspends_is_finished_by_a_task_with_the_value_it_waited_
 
     async def waits() -> None:
         seen.append("before")
-        seen.append(await gate)
+        seen.append(await settled(gate))
         await asyncio.sleep(0)  # a bare yield as well
         seen.append("after")
 
@@ -67,7 +68,7 @@ async def test_cancelling_its_task_cancels_it_where_it_waits() -> None:
 
     async def waits() -> None:
         try:
-            await gate
+            await settled(gate)
         except asyncio.CancelledError:
             seen.append("cancelled")
             raise
@@ -241,5 +242,5 @@ async def test_a_client_that_leaves_mid_stream_closes_the_childs_connection(
         call.disconnect()
         async with asyncio.timeout(DEADLINE):
             await closed.wait()
-        await call.task
+        await settled(call.task)
     await router.wait_for("router.release")

@@ -19,8 +19,9 @@ from models_app.api.proxy import in_stream
 from models_app.api.request import Request
 from routerpanel.router.catalogue import Event
 from routerpanel.router.receipts import Receipt
-from tests.app.conftest import AsgiClient, SimServer
+from tests.support.asgi import AsgiClient
 from tests.support.fake_router import FakeRouter, Grant, QueueThenGrant
+from tests.support.upstreams import SimServer
 
 NOW = 1_000_000.0
 HEADER = {"x-routerpanel-queue-comments": "1"}

@@ -16,8 +16,9 @@ from models_app.api.auth import Caller, digest, load_from_database
 from models_app.api.errors import ApiError
 from models_app.api.quotas import Limit, QuotaBook, tokens_today_in_database
 from models_app.models import ApiKey, Quota, UsageHour
-from tests.app.conftest import AsgiClient, SimServer
+from tests.support.asgi import AsgiClient
 from tests.support.fake_router import FakeRouter, Grant
+from tests.support.upstreams import SimServer
 
 pytest_plugins = ("tests.support.panel",)
 

@@ -12,7 +12,7 @@ import pytest
 from django.test import override_settings
 
 from models_app.api.app import API_PATHS, Api, route_table
-from tests.app.conftest import AsgiClient, Call
+from tests.support.asgi import AsgiClient, Call
 from tests.support.fake_router import FakeRouter
 
 OWN = {"host": "127.0.0.1:8080", "origin": "http://127.0.0.1:8080"}

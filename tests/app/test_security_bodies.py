@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from models_app.security import open_to_network, warn_if_open
-from tests.serving import Server, free_port, run_manage
+from tests.support.ports import free_port
+from tests.support.serving import Server, run_manage
 
 BODY_TIMEOUT = 3.0
 MIB = 1 << 20

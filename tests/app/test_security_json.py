@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from models_app.api import jsonbody
 from models_app.api.app import route_table
 from models_app.api.errors import ApiError, error_body
-from tests.app.conftest import AsgiClient, Call, ScriptedUpstream
+from tests.support.asgi import AsgiClient, Call
 from tests.support.fake_router import FakeRouter, Grant
+from tests.support.upstreams import ScriptedUpstream
 
 JSON_TYPE = "application/json; charset=utf-8"
 DEEP = b"[" * 100_000

@@ -16,7 +16,7 @@ import pytest
 from models_app import presets_io, server_options, specs
 from models_app.models import Preset, RouterSettings
 from routerpanel.router import ini, options
-from tests.serving import B11434_HELP
+from tests.support.serving import B11434_HELP
 
 SIM = f"{sys.executable} -m routerpanel.router.simserver"
 NEWER_OPTION = (

@@ -19,8 +19,8 @@ from models_app.audit import purge_expired
 from models_app.bridge import RouterClient
 from models_app.models import AuditEvent, AuditKind, MemoryRollup, Preset, RouterSettings
 from routerpanel.router import gguf
-from tests.llama.ggufgen import FAKE_VOCAB_SIZE, write_tiny_llama
 from tests.support.fake_router import MemoryRouter, ring
+from tests.support.ggufgen import FAKE_VOCAB_SIZE, write_tiny_llama
 
 MIB = 1 << 20
 

@@ -17,9 +17,10 @@ from models_app.bridge import RouterClient
 from models_app.models import RouterSettings, UsageHour, UsageRecord
 from models_app.roles import Role
 from routerpanel.router.receipts import Receipt
-from tests.app.conftest import ROUTER_TIMEOUT, AsgiClient, SimServer, django_stand_in
+from tests.support.asgi import ROUTER_TIMEOUT, AsgiClient, django_stand_in
 from tests.support.fake_router import FakeRouter, Grant
 from tests.support.panel import make_user
+from tests.support.upstreams import SimServer
 
 VIEWER_KEY = "rp-viewer-key-0123456789"
 OPERATOR_KEY = "rp-operator-key-0123456789"

@@ -10,11 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tests.browser.conftest import PanelServer, screenshot
-from tests.browser.test_polish import Page
-from tests.browser.test_polish import open_page as signed_in
+from tests.support.browser import Page, PanelServer, screenshot
 
-open_page = signed_in  # the fixture: a signed-in admin page, light or dark, at any width
 GIB, MIB = 1 << 30, 1 << 20
 
 

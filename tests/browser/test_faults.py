@@ -22,7 +22,9 @@ import psutil
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from tests.browser.conftest import ADMIN_PASSWORD, Console, PanelServer, screenshot, sign_in
+from tests.support.browser import ADMIN_PASSWORD, Console, PanelServer, screenshot, sign_in
+
+pytestmark = pytest.mark.http_server  # CI runs it on uvicorn too
 
 Page = tuple[Any, Console]
 SIM = f"{sys.executable} -m routerpanel.router.simserver"

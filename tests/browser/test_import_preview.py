@@ -6,12 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.browser.conftest import SHOTS, PanelServer
-from tests.browser.test_panel import wait_state
-from tests.browser.test_polish import PHONE, Page
-from tests.browser.test_polish import open_page as signed_in
-
-open_page = signed_in  # the fixture: a signed-in admin page, light or dark, at any width
+from tests.support.browser import PHONE, SHOTS, Page, PanelServer, wait_state
 
 
 def medium_changed(page: Page, quiet: PanelServer) -> str:

@@ -11,7 +11,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from tests.browser.conftest import ADMIN_PASSWORD, Console, PanelServer, screenshot
+from tests.support.browser import ADMIN_PASSWORD, Console, PanelServer, screenshot
 
 Panel = tuple[Any, Console]
 

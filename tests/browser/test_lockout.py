@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import (
+from tests.support.browser import (
     ADMIN_PASSWORD,
     CHROMIUM,
     Console,

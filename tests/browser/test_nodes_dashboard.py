@@ -14,10 +14,9 @@ from typing import Any
 
 import httpx
 
-from tests.browser.conftest import Console, screenshot, sign_in
-from tests.services.conftest import pg_database  # noqa: F401  (a fixture, used by name)
-from tests.serving import sim_preset
+from tests.support.browser import Console, screenshot, sign_in
 from tests.support.nodes import chat, cluster, own_redis
+from tests.support.serving import sim_preset
 
 ADMIN_PASSWORD = "test-only-password"  # what run_manage gives the first admin
 
@@ -27,7 +26,7 @@ HEADS = "() => [...document.querySelectorAll('#cards .node-head')].map((h) => h.
 def test_the_dashboard_groups_two_nodes_and_shows_one_lost(
     new_page: Callable[..., tuple[Any, Console]],
     tmp_path: Path,
-    pg_database: str,  # noqa: F811
+    pg_database: str,
 ) -> None:
     marker = f"nodes-ui-{tmp_path.name}"
     presets = "".join(sim_preset(name, marker) for name in ("alpha", "beta", "gamma"))

@@ -7,11 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tests.browser.conftest import PanelServer, screenshot
-from tests.browser.test_polish import PHONE, Page
-from tests.browser.test_polish import open_page as signed_in
+from tests.support.browser import PHONE, Page, PanelServer, screenshot
 
-open_page = signed_in  # the fixture: a signed-in admin page, light or dark, at any width
 MESSAGE = "n-gpu-layers = 'lots': n-gpu-layers expects a number of layers, auto or all."
 
 

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,25 +18,22 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser.conftest import (
+from tests.support.browser import (
     ADMIN_PASSWORD,
     Console,
     PanelServer,
     add_user,
+    card,
+    chat_as,
     screenshot,
     sign_in,
     wait_live,
+    wait_state,
 )
 
+pytestmark = pytest.mark.http_server  # CI runs it on uvicorn too
+
 Panel = tuple[Any, Console]
-
-
-def card(page: Any, model: str) -> Any:
-    return page.locator(f'.model-card[data-model="{model}"]')
-
-
-def wait_state(page: Any, model: str, state: str) -> None:
-    page.wait_for_selector(f'.model-card[data-model="{model}"][data-state="{state}"]')
 
 
 def mark_page(page: Any) -> None:
@@ -73,7 +67,7 @@ def test_log_in(new_page: Callable[..., Panel], quiet: PanelServer) -> None:
 def test_create_a_preset_with_a_field_error_corrected(
     panel: Panel, quiet: PanelServer, tmp_path: Path
 ) -> None:
-    from tests.llama.ggufgen import write_tiny_llama
+    from tests.support.ggufgen import write_tiny_llama
 
     page, console = panel
     (tmp_path / "models").mkdir()
@@ -174,20 +168,6 @@ def test_an_eviction_through_the_api_changes_the_victims_card_and_the_audit_feed
                                state="hidden")  # fmt: skip
     assert same_page(page)
     console.assert_clean()
-
-
-def chat_as(server: PanelServer, model: str, request_id: str, tokens: int = 2) -> tuple[int, Any]:
-    """A chat completion with our own X-Request-Id (the id the queue shows and cancels)."""
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens}
-    request = urllib.request.Request(
-        f"{server.url}/v1/chat/completions", json.dumps(body).encode(),
-        {"Content-Type": "application/json", "X-Request-Id": request_id},
-    )  # fmt: skip
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
 
 
 def test_an_operator_cancels_a_queued_request_from_the_dashboard(

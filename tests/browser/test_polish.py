@@ -4,8 +4,9 @@ nothing wider than a 390 px phone, with a request waiting in the queue; the logs
 timestamp a line, a filter box, level colours, a download) and a Logs button on every card.
 
 A test adds a preset whose load fails (demo-broken), for error lines in a log.
-Contrast is measured on the page: each visible text node's colour against the backgrounds
-under it (composited up the tree), and each focused control's outline against its parent's.
+Contrast is measured on the page (``A11Y``, in tests/support/browser.py): each visible text
+node's colour against the backgrounds under it (composited up the tree), and each focused
+control's outline against its parent's.
 """
 
 from __future__ import annotations
@@ -21,11 +22,18 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import ADMIN_PASSWORD, Console, PanelServer, screenshot, sign_in
-from tests.browser.test_panel import card, chat_as, wait_state
+from tests.support.browser import (
+    A11Y,
+    PHONE,
+    Page,
+    PanelServer,
+    action,
+    card,
+    chat_as,
+    screenshot,
+    wait_state,
+)
 
-Page = tuple[Any, Console]
-PHONE = 390
 SCHEMES = ("light", "dark")
 BROKEN = "demo-broken"
 BROKEN_INI = """\
@@ -34,115 +42,6 @@ server-bin = {python} -m routerpanel.router.simserver
 sim-load-ms = 100
 sim-fail-load = true
 """
-
-# window.a11y: contrast ratios as WCAG 2 defines them, measured on what the page shows.
-A11Y = """
-window.a11y = (() => {
-  function rgba(text) {
-    const m = /rgba?\\(([^)]+)\\)/.exec(text || "");
-    if (!m) return null;
-    const p = m[1].split(/[\\s,\\/]+/).filter(Boolean).map(Number);
-    return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
-  }
-  function over(top, under) {
-    const a = top[3];
-    return [0, 1, 2].map((i) => top[i] * a + under[i] * (1 - a)).concat(1);
-  }
-  function luminance(c) {
-    const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
-    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]);
-  }
-  function ratio(a, b) {
-    const [hi, lo] = [luminance(a), luminance(b)].sort((x, y) => y - x);
-    return (hi + 0.05) / (lo + 0.05);
-  }
-  function background(el) {
-    const layers = [];
-    for (let e = el; e; e = e.parentElement) {
-      const c = rgba(getComputedStyle(e).backgroundColor);
-      if (c && c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
-    }
-    return layers.reverse().reduce((under, c) => over(c, under), [255, 255, 255, 1]);
-  }
-  function describe(el) {
-    return `${el.tagName.toLowerCase()}${el.id ? "#" + el.id : ""}.${[...el.classList].join(".")}`;
-  }
-  const SKIP = ":disabled, .sr, .skip, option, script, template, noscript";
-  // Every visible text below the threshold: "what 'text' 2.31 < 4.5".
-  function lowText() {
-    const bad = [];
-    const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
-    while (walker.nextNode()) {
-      const node = walker.currentNode;
-      const el = node.parentElement;
-      if (!node.textContent.trim() || !el || el.closest(SKIP)) continue;
-      if (!el.checkVisibility({ opacityProperty: true, visibilityProperty: true })) continue;
-      const box = el.getBoundingClientRect();
-      if (!box.width || !box.height) continue;
-      const style = getComputedStyle(el);
-      const bg = background(el);
-      const value = ratio(over(rgba(style.color), bg), bg);
-      const size = parseFloat(style.fontSize);
-      const need = size >= 24 || (Number(style.fontWeight) >= 700 && size >= 18.66) ? 3 : 4.5;
-      const text = node.textContent.trim().slice(0, 30);
-      if (value < need) bad.push(`${describe(el)} '${text}' ${value.toFixed(2)} < ${need}`);
-    }
-    return bad;
-  }
-  // The focused element's ring: is it drawn, how wide, its contrast with what surrounds it.
-  function ring() {
-    const el = document.activeElement;
-    const style = getComputedStyle(el);
-    return {
-      what: describe(el),
-      visible: el.matches(":focus-visible") && style.outlineStyle !== "none",
-      width: parseFloat(style.outlineWidth),
-      ratio: ratio(rgba(style.outlineColor), background(el.parentElement)),
-    };
-  }
-  // Elements whose right edge passes the viewport (none may, on a phone).
-  function overflow() {
-    const width = window.innerWidth;
-    return [...document.querySelectorAll("body *")]
-      .filter((el) => !el.closest(".sr, .skip, template"))
-      .map((el) => [el, el.getBoundingClientRect()])
-      .filter(([, box]) => box.width > 0 && box.right > width + 0.5)
-      .slice(0, 8).map(([el, box]) => `${describe(el)} right=${Math.round(box.right)}`);
-  }
-  return { lowText, ring, overflow };
-})();
-"""
-
-
-@pytest.fixture
-def open_page(new_page: Callable[..., Page], quiet: PanelServer) -> Callable[..., Page]:
-    """A signed-in admin page: ``scheme`` light or dark, ``width`` 1366 or a phone's."""
-
-    def make(scheme: str = "light", width: int = 1366) -> Page:
-        page, console = new_page(width=width, height=844 if width <= PHONE else 900,
-                                 color_scheme=scheme, reduced_motion="reduce")  # fmt: skip
-        page.add_init_script(A11Y)
-        sign_in(page, quiet, "admin", ADMIN_PASSWORD)
-        return page, console
-
-    return make
-
-
-# evaluate() has no timeout of its own: an action the socket never answers fails, not hangs.
-ACTION = """([name, model]) => Promise.race([
-  window.panelLive.action(name, model),
-  new Promise((resolve) => setTimeout(() => resolve({ ok: false, message: "no answer" }), 30000)),
-])"""
-
-
-def action(page: Any, name: str, model: str) -> None:
-    """Pin, unpin or cancel through the dashboard's socket, as its buttons do. SQLite may refuse
-    a write under contention ("database is locked"; the page is told so): try again then."""
-    for _ in range(3):
-        answer = page.evaluate(ACTION, [name, model])
-        if answer["ok"] or "database is locked" not in answer["message"]:
-            break
-    assert answer["ok"], answer
 
 
 @contextlib.contextmanager

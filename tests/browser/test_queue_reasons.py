@@ -12,12 +12,17 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tests.browser.conftest import SHOTS, PanelServer, screenshot
-from tests.browser.test_panel import card, chat_as, wait_state
-from tests.browser.test_polish import PHONE, Page, action
-from tests.browser.test_polish import open_page as signed_in
-
-open_page = signed_in  # the fixture: a signed-in admin page, light or dark, at any width
+from tests.support.browser import (
+    PHONE,
+    SHOTS,
+    Page,
+    PanelServer,
+    action,
+    card,
+    chat_as,
+    screenshot,
+    wait_state,
+)
 
 WHY = ("waiting for a slot: demo-medium is pinned, demo-small is pinned — unpin them or raise"
        " Max running models")  # fmt: skip

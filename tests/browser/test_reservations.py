@@ -8,11 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 
-from tests.browser.conftest import PanelServer, screenshot
-from tests.browser.test_polish import PHONE, Page
-from tests.browser.test_polish import open_page as signed_in
-
-open_page = signed_in  # the fixture: a signed-in admin page, light or dark, at any width
+from tests.support.browser import PHONE, Page, PanelServer, screenshot
 
 
 def book(page: Page, model: str, day: dt.date, hours: tuple[int, int], note: str = "") -> None:

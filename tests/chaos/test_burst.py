@@ -14,9 +14,12 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.chaos.conftest import chat, record
-from tests.serving import LiveChildSampler
+from tests.support.chaos import chat, record
+from tests.support.serving import LiveChildSampler
+
+pytestmark = pytest.mark.http_server  # CI runs it on uvicorn too
 
 REQUESTS = 300
 

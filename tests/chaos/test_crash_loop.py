@@ -13,8 +13,9 @@ from typing import Any
 
 import httpx
 
-from tests.chaos.conftest import chat, record, wait_for_rows
-from tests.serving import wait_until
+from tests.support.auditdb import wait_for_rows
+from tests.support.chaos import chat, record
+from tests.support.serving import wait_until
 
 
 def model_row(url: str, name: str) -> dict[str, Any]:

@@ -18,9 +18,13 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.chaos.conftest import audit_rows, chat, child_of, record, wait_for_rows
-from tests.serving import LiveChildSampler, StreamReader, wait_until
+from tests.support.auditdb import audit_rows, wait_for_rows
+from tests.support.chaos import chat, child_of, record
+from tests.support.serving import LiveChildSampler, StreamReader, wait_until
+
+pytestmark = pytest.mark.http_server  # CI runs it on uvicorn too
 
 HANG = 2  # seconds: the presets' hang-timeout
 

@@ -24,8 +24,10 @@ from typing import Any
 
 import httpx
 
-from tests.chaos.conftest import audit_rows, chat, kill9, record
-from tests.serving import free_port, run_manage, sim_preset, wait_until
+from tests.support.auditdb import audit_rows
+from tests.support.chaos import chat, kill9, record
+from tests.support.ports import free_port
+from tests.support.serving import run_manage, sim_preset, wait_until
 
 SWAPS = 20
 MODELS = ("a", "b", "c")

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import psutil
 
-from tests.chaos.conftest import chat, record
-from tests.serving import wait_until
+from tests.support.chaos import chat, record
+from tests.support.serving import wait_until
 
 
 def test_a_flooding_child_does_not_slow_the_others(serve: Any) -> None:
@@ -36,7 +36,11 @@ def test_a_flooding_child_does_not_slow_the_others(serve: Any) -> None:
             "child floods its output", p95_ms_before=round(base95 * 1000, 1),
             p95_ms_while_flooding=round(p95 * 1000, 1), router_cpu_percent=round(cpu, 1),
         )  # fmt: skip
-        assert p95 < max(0.5, 10 * base95), (baseline, flooding)
+        # Not starved: a loop that handled every line answered in seconds. The bound is
+        # absolute, not a multiple of the baseline: another test on the other core can make
+        # the two measurements differ tenfold. How much slower a flood makes g is a figure
+        # for the fault table. The CPU figure is the router's own: load elsewhere lowers it.
+        assert p95 < 1.0, (baseline, flooding)
         assert cpu < 60, f"the router spends {cpu:.0f}% of a core on the flood"
         assert httpx.get(f"{url}/ready", timeout=2).status_code == 200
 

@@ -17,9 +17,8 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,14 @@ import httpx
 import psutil
 import pytest
 
-from tests.chaos.conftest import RedisServer, chat, record, redis_server_available
-from tests.services.conftest import pg_database  # noqa: F401  (a fixture)
-from tests.serving import ROOT, Server, free_port, run_manage, sim_preset, wait_until
-from tests.tiers import missing
+from models_app import bridge, liveness
+from tests.support.auditdb import pg_audit_rows
+from tests.support.chaos import record
+from tests.support.chaos_team import Team, kill_mid_stream, post_chat, until_served
+from tests.support.ports import free_port
+from tests.support.redis_server import RedisServer, redis_server_available
+from tests.support.serving import ROOT, Server, wait_until
+from tests.support.tiers import missing
 
 
 @pytest.fixture
@@ -42,48 +45,11 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
-class Team:
-    """runrouter + serve --no-router on PostgreSQL and the test's Redis."""
-
-    def __init__(self, tmp_path: Path, database: str, redis: RedisServer) -> None:
-        self.tmp = tmp_path
-        self.redis = redis
-        self.marker = f"team-{tmp_path.name}"
-        self.env = {
-            "DATABASE_URL": database,
-            "REDIS_URL": redis.url,
-            "ROUTERPANEL_REDIS_PREFIX": f"rp-{uuid.uuid4().hex[:8]}",
-            "SECRET_KEY": "chaos-team-secret-not-for-production",
-        }
-        self.stack = ExitStack()
-
-    def router(self, presets: str, *extra: str, data: str = "router") -> Server:
-        ini = self.tmp / "models.ini"
-        ini.write_text(presets)
-        args = ["runrouter", "--models-preset", str(ini), *extra]
-        return self.stack.enter_context(
-            run_manage(args, self.tmp / data, env=self.env, ready="router running")
-        )
-
-    def web(self, name: str = "web", *extra: str) -> Server:
-        args = ["serve", "--no-router", *extra]
-        return self.stack.enter_context(
-            run_manage(args, self.tmp / name, env=self.env, port=free_port())
-        )
-
-    def preset(self, name: str, **kw: Any) -> str:
-        return sim_preset(name, self.marker, **kw)
-
-
 @contextmanager
-def team(tmp_path: Path, pg_database: str, redis: RedisServer) -> Iterator[Team]:  # noqa: F811
+def team(tmp_path: Path, pg_database: str, redis: RedisServer) -> Iterator[Team]:
     t = Team(tmp_path, pg_database, redis)
     with t.stack:
         yield t
-
-
-def post_chat(url: str, model: str, timeout: float = 30, **kw: Any) -> httpx.Response:
-    return httpx.post(f"{url}/v1/chat/completions", json=chat(model, **kw), timeout=timeout)
 
 
 def children_pids(router: Server) -> set[int]:
@@ -92,33 +58,6 @@ def children_pids(router: Server) -> set[int]:
     except psutil.NoSuchProcess:
         return set()
     return {k.pid for k in kids if "routerpanel.router.simserver" in " ".join(k.cmdline())}
-
-
-def first_token(chunks: Iterator[bytes]) -> bytes:
-    """Read a stream until its first data event. The caller keeps ``chunks``: a body iterator
-    that is dropped is closed, and the client's connection with it (the web process would then
-    end the request and release its lease itself)."""
-    seen = b""
-    while b"data:" not in seen:
-        chunk = next(chunks, None)
-        if chunk is None:
-            raise AssertionError(f"the stream ended before its first token: {seen[:300]!r}")
-        seen += chunk
-    return seen
-
-
-def kill_mid_stream(doomed: Server, model: str) -> float:
-    """Stream ``model`` through the web process ``doomed`` and SIGKILL it after the first token,
-    while its client is still connected (it then holds a lease); return when (monotonic)."""
-    body = chat(model, 200, True)
-    with httpx.stream("POST", f"{doomed.url}/v1/chat/completions", json=body, timeout=60) as r:
-        chunks = r.iter_bytes()
-        first_token(chunks)
-        doomed.process.send_signal(signal.SIGKILL)
-        killed = time.monotonic()
-        doomed.process.wait(10)
-        del chunks  # only now: the client leaves after the kill
-    return killed
 
 
 def probe_during(url: str, seconds: float, model: str) -> list[tuple[float, int, float]]:
@@ -136,22 +75,10 @@ def probe_during(url: str, seconds: float, model: str) -> list[tuple[float, int,
     return out
 
 
-def until_served(url: str, model: str, timeout: float = 30) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        try:
-            if post_chat(url, model, timeout=10).status_code == 200:
-                return time.monotonic() - started
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{model} not served within {timeout} s")
-
-
 @pytest.mark.parametrize("outage", [1.0, 10.0])
 def test_the_router_outlives_a_redis_outage_and_serves_again(
     tmp_path: Path,
-    pg_database: str,  # noqa: F811
+    pg_database: str,
     redis: RedisServer,
     outage: float,
 ) -> None:
@@ -170,11 +97,15 @@ def test_the_router_outlives_a_redis_outage_and_serves_again(
         assert children_pids(router) == before  # and kept its child
         statuses = {s for _, s, _ in during}
         assert statuses <= {200, 503}, during  # never a 500, never a hang
-        assert all(took < 7 for _, _, took in during), during
-        assert recovered < 5.0, f"served again {recovered:.1f} s after Redis returned"
-        outage_rows = _rows(pg_database, "outage")
-        wait_until(lambda: _rows(pg_database, "outage"), 15, "the outage's audit row")
-        outage_rows = _rows(pg_database, "outage")
+        # Each answer within the web side's own deadlines (the router's heartbeat is called
+        # dead after DEAD_AFTER, a first answer is awaited ROUTER_TIMEOUT), with room for a
+        # busy machine, never the client's 20 s. Serving again needs no restart: until_served
+        # has its own deadline; the figure goes to the fault table.
+        bound = liveness.DEAD_AFTER + bridge.ROUTER_TIMEOUT
+        assert all(took < bound for _, _, took in during), during
+        outage_rows = pg_audit_rows(pg_database, "outage")
+        wait_until(lambda: pg_audit_rows(pg_database, "outage"), 15, "the outage's audit row")
+        outage_rows = pg_audit_rows(pg_database, "outage")
         assert "Redis was unreachable" in outage_rows[-1]["reason"]
         record(
             f"Redis down {outage:g} s (team mode)", answers_during=sorted(statuses),
@@ -187,7 +118,7 @@ def test_the_router_outlives_a_redis_outage_and_serves_again(
 
 def test_a_redis_blip_keeps_the_dashboard_socket_open_and_resyncs(
     tmp_path: Path,
-    pg_database: str,  # noqa: F811
+    pg_database: str,
     redis: RedisServer,
 ) -> None:
     import websockets
@@ -219,7 +150,7 @@ def test_a_redis_blip_keeps_the_dashboard_socket_open_and_resyncs(
 
 def test_a_killed_router_answers_its_queued_requests_and_restarts_at_once(
     tmp_path: Path,
-    pg_database: str,  # noqa: F811
+    pg_database: str,
     redis: RedisServer,
 ) -> None:
     with team(tmp_path, pg_database, redis) as t:
@@ -273,7 +204,7 @@ def test_a_killed_router_answers_its_queued_requests_and_restarts_at_once(
 
 def test_a_killed_web_process_loses_its_leases_and_the_slot_frees(
     tmp_path: Path,
-    pg_database: str,  # noqa: F811
+    pg_database: str,
     redis: RedisServer,
 ) -> None:
     with team(tmp_path, pg_database, redis) as t:
@@ -286,7 +217,7 @@ def test_a_killed_web_process_loses_its_leases_and_the_slot_frees(
         freed = time.monotonic() - killed
         assert response.status_code == 200, response.text
         assert freed < 15
-        wait_until(lambda: _rows(pg_database, "lease_expired"), 20, "the lease_expired row")
+        wait_until(lambda: pg_audit_rows(pg_database, "lease_expired"), 20, "the lease_expired row")
         record(
             "a web process killed with SIGKILL mid-stream (team mode, lease ttl 3 s)",
             other_clients_served_after_s=round(freed, 2),
@@ -296,7 +227,7 @@ def test_a_killed_web_process_loses_its_leases_and_the_slot_frees(
 
 def test_a_request_refused_while_the_router_was_frozen_never_runs_later(
     tmp_path: Path,
-    pg_database: str,  # noqa: F811
+    pg_database: str,
     redis: RedisServer,
 ) -> None:
     with team(tmp_path, pg_database, redis) as t:
@@ -310,12 +241,12 @@ def test_a_request_refused_while_the_router_was_frozen_never_runs_later(
         finally:
             os.kill(router.process.pid, signal.SIGCONT)
         assert response.status_code == 503 and load.status_code == 503
-        wait_until(lambda: _rows(pg_database, "message_expired"), 20, "the expired row")
+        wait_until(lambda: pg_audit_rows(pg_database, "message_expired"), 20, "the expired row")
         time.sleep(1.0)
         models = httpx.get(f"{web.url}/v1/models", timeout=10).json()["data"]
         states = {m["id"]: m["status"]["value"] for m in models}
         assert states["b"] == "unloaded" and states["a"] == "loaded"  # no ghost swap
-        [row] = _rows(pg_database, "message_expired")
+        [row] = pg_audit_rows(pg_database, "message_expired")
         counts = json.loads(row["details"])["counts"] if isinstance(row["details"], str) \
             else row["details"]["counts"]  # fmt: skip
         assert counts.get("router.acquire", 0) >= 1
@@ -329,12 +260,12 @@ def test_a_request_refused_while_the_router_was_frozen_never_runs_later(
 
 def test_the_database_closing_loses_no_audit_row(
     tmp_path: Path,
-    pg_database: str,  # noqa: F811
+    pg_database: str,
     redis: RedisServer,
 ) -> None:
     import psycopg
 
-    from tests.services.conftest import PG_ADMIN_URL
+    from tests.support.databases import PG_ADMIN_URL
 
     name = pg_database.rsplit("/", 1)[1]
     with team(tmp_path, pg_database, redis) as t:
@@ -342,7 +273,7 @@ def test_the_database_closing_loses_no_audit_row(
         web = t.web()
         assert post_chat(web.url, "a").status_code == 200
         admin = psycopg.connect(PG_ADMIN_URL, autocommit=True)
-        before = len(_rows(pg_database, "eviction"))
+        before = len(pg_audit_rows(pg_database, "eviction"))
         try:
             admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
             admin.execute(
@@ -355,9 +286,11 @@ def test_the_database_closing_loses_no_audit_row(
             admin.close()
         reopened = time.monotonic()
         assert swaps == [200, 200, 200, 200]  # serving does not need the database
-        wait_until(lambda: len(_rows(pg_database, "eviction")) >= before + 4, 60, "4 evictions")
+        wait_until(
+            lambda: len(pg_audit_rows(pg_database, "eviction")) >= before + 4, 60, "4 evictions"
+        )
         stored_after = time.monotonic() - reopened
-        wait_until(lambda: _rows(pg_database, "outage"), 30, "the outage row")
+        wait_until(lambda: pg_audit_rows(pg_database, "outage"), 30, "the outage row")
         record(
             "PostgreSQL refuses connections during 4 swaps (team mode)",
             requests_served=4,
@@ -368,7 +301,7 @@ def test_the_database_closing_loses_no_audit_row(
 
 def test_two_web_processes_started_together_on_a_fresh_database(
     tmp_path: Path,
-    pg_database: str,  # noqa: F811
+    pg_database: str,
     redis: RedisServer,
 ) -> None:
     env = {**os.environ, "DATABASE_URL": pg_database, "REDIS_URL": redis.url}
@@ -415,18 +348,6 @@ def _query(database: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
 
     with psycopg.connect(database) as conn:
         return conn.execute(sql, params).fetchall()
-
-
-def _rows(database: str, kind: str) -> list[dict[str, Any]]:
-    import psycopg
-    from psycopg.rows import dict_row
-
-    try:
-        with psycopg.connect(database, row_factory=dict_row, connect_timeout=3) as conn:
-            sql = "SELECT * FROM models_app_auditevent WHERE kind = %s ORDER BY id"
-            return list(conn.execute(sql, (kind,)).fetchall())
-    except psycopg.OperationalError:
-        return []
 
 
 def _login(url: str) -> dict[str, str]:

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from tests.chaos.conftest import chat, record
-from tests.serving import LiveChildSampler, Server, manage_beside
+from tests.support.chaos import chat, record
+from tests.support.serving import LiveChildSampler, Server, manage_beside
 
 SET_UP = """
 from django.contrib.auth import get_user_model

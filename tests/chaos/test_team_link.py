@@ -16,11 +16,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.chaos.conftest import chat, record
-from tests.chaos.test_team_faults import Team, _rows, kill_mid_stream, post_chat, until_served
-from tests.services.conftest import pg_database, redis_url  # noqa: F401  (fixtures)
-from tests.serving import wait_until
+from tests.support.auditdb import pg_audit_rows
+from tests.support.chaos import chat, record
+from tests.support.chaos_team import Team, kill_mid_stream, post_chat, until_served
+from tests.support.serving import wait_until
 
 
 def acquires(url: str) -> dict[str, int]:
@@ -58,9 +59,11 @@ def kill_with_one_queued(router: Any, web: Any, socket_before: int) -> float:
     busy.join(20)
     response = answers["b"]
     assert isinstance(response, httpx.Response) and response.status_code == 503
-    assert "router unavailable" in response.json()["error"]["message"], response.text
+    # The link's close answered it, not the heartbeat ("no heartbeat from the router for 6 s")
+    # and not a deadline: the message names the connection.
+    message = response.json()["error"]["message"]
+    assert message.startswith("router unavailable: the connection to the router"), message
     answered_after: float = answers["b-at"] - killed
-    assert answered_after < 2.0, f"answered {answered_after:.2f} s after the kill"
     return answered_after
 
 
@@ -70,8 +73,8 @@ def make_team(tmp_path: Path, database: str, url: str) -> Team:
 
 def test_requests_flow_over_the_socket_not_the_channel_layer(
     tmp_path: Path,
-    pg_database: str,  # noqa: F811
-    redis_url: str,  # noqa: F811
+    pg_database: str,
+    redis_url: str,
 ) -> None:
     t = make_team(tmp_path, pg_database, redis_url)
     with t.stack:
@@ -92,8 +95,8 @@ def test_requests_flow_over_the_socket_not_the_channel_layer(
 
 def test_a_web_process_on_another_host_uses_tcp_and_a_stranger_the_channel_layer(
     tmp_path: Path,
-    pg_database: str,  # noqa: F811
-    redis_url: str,  # noqa: F811
+    pg_database: str,
+    redis_url: str,
 ) -> None:
     """Several nodes (issue 18): a web process reaches a router on another host over TCP,
     proving the installation's key; one with another SECRET_KEY is refused there and served
@@ -126,8 +129,8 @@ def test_a_web_process_on_another_host_uses_tcp_and_a_stranger_the_channel_layer
 
 def test_a_router_killed_mid_request_answers_503_at_once_and_the_next_one_is_used(
     tmp_path: Path,
-    pg_database: str,  # noqa: F811
-    redis_url: str,  # noqa: F811
+    pg_database: str,
+    redis_url: str,
 ) -> None:
     t = make_team(tmp_path, pg_database, redis_url)
     with t.stack:
@@ -149,8 +152,8 @@ def test_a_router_killed_mid_request_answers_503_at_once_and_the_next_one_is_use
 
 def test_a_killed_web_process_frees_its_leases_at_once_not_after_the_ttl(
     tmp_path: Path,
-    pg_database: str,  # noqa: F811
-    redis_url: str,  # noqa: F811
+    pg_database: str,
+    redis_url: str,
 ) -> None:
     t = make_team(tmp_path, pg_database, redis_url)
     with t.stack:
@@ -164,14 +167,16 @@ def test_a_killed_web_process_frees_its_leases_at_once_not_after_the_ttl(
         assert response.status_code == 200, response.text
         assert freed < 10, f"b served {freed:.1f} s after the kill (lease TTL 120 s)"
         try:  # 45 s: the audit writer backs off (up to 30 s) when PostgreSQL failed a write
-            wait_until(lambda: _rows(pg_database, "lease_expired"), 45, "the lease_expired row")
+            wait_until(
+                lambda: pg_audit_rows(pg_database, "lease_expired"), 45, "the lease_expired row"
+            )
         except AssertionError:
             kinds = [(r["kind"], r["model"], r["reason"]) for r in _all_rows(pg_database)]
             raise AssertionError(
                 f"no lease_expired row: {kinds}\nrouter: {router.output()[-2000:]}\n"
                 f"killed web process: {doomed.output()[-2000:]}"
             ) from None
-        [row] = _rows(pg_database, "lease_expired")
+        [row] = pg_audit_rows(pg_database, "lease_expired")
         assert "closed its connection" in row["reason"], row
         record(
             "a web process killed with SIGKILL mid-stream (team mode, socket, lease ttl 120 s)",
@@ -188,15 +193,16 @@ def _all_rows(database: str) -> list[dict[str, Any]]:
         return list(conn.execute("SELECT * FROM models_app_auditevent ORDER BY id").fetchall())
 
 
+@pytest.mark.http_server
 def test_a_stopping_web_process_tells_its_streams_why_and_releases_their_leases(
     tmp_path: Path,
-    pg_database: str,  # noqa: F811
-    redis_url: str,  # noqa: F811
+    pg_database: str,
+    redis_url: str,
 ) -> None:
     """SIGTERM to team mode's web process mid-stream: after --shutdown-grace the stream ends
     with an SSE error event (not cut mid-chunk), the web process exits, and the router, which
     keeps running, has the lease back: the model is idle and serves the next web process."""
-    from tests.serving import StreamReader
+    from tests.support.serving import StreamReader
 
     t = make_team(tmp_path, pg_database, redis_url)
     with t.stack:

@@ -18,9 +18,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(1200)]
+
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 900.0  # seconds; about 3 minutes on 2 cores
 FIGURE = r"[+-]\d+\.\d\d \(-?\d+\.\d\d\)"  # added ms (÷ llama.cpp's router's)
+
+
+@pytest.fixture(autouse=True)
+def own_redis(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's team-mode rows use this worker's own Redis, never the machine's."""
+    monkeypatch.setenv("ROUTERPANEL_TEST_REDIS", redis_url)
 
 
 def bench(

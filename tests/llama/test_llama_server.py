@@ -21,8 +21,8 @@ import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
 from routerpanel.router.gguf import estimate_memory, inspect
-from tests.llama.conftest import CHILD_PREFIX, StartServer
-from tests.llama.ggufgen import SIZES
+from tests.support.ggufgen import SIZES
+from tests.support.llama_server import CHILD_PREFIX, StartServer
 
 HTTP_TIMEOUT = 120.0
 CHAT = {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8}

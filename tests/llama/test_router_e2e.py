@@ -1,10 +1,10 @@
 """RouterPanel end to end with the real llama-server, run as a user runs it.
 
 Each test starts ``manage.py serve --models-preset FILE.ini --server-bin <llama-server>`` in a
-subprocess (``tests.serving.run_manage``): the presets name a tiny generated GGUF with ``model =``
-and no ``server-bin``, so RouterPanel renders llama-server's command line itself and speaks the
-child protocol with it (ROUTER_SPEC §4). Tests drive it over HTTP, read ``/v1/models`` and
-``/models/sse``, and look at the children with psutil.
+subprocess (``tests.support.serving.run_manage``): the presets name a tiny generated GGUF
+with ``model =`` and no ``server-bin``, so RouterPanel renders llama-server's command line
+itself and speaks the child protocol with it (ROUTER_SPEC §4). Tests drive it over HTTP, read
+``/v1/models`` and ``/models/sse``, and look at the children with psutil.
 
 A ``ChildWatch`` thread samples the serve process's llama-server descendants for the whole test
 (every 5 ms in the eviction test, 50 ms elsewhere): it gives the most that were ever alive at
@@ -35,7 +35,8 @@ import psutil
 import pytest
 
 from routerpanel.router.gguf import estimate_memory, inspect
-from tests.serving import Server, free_port, run_manage
+from tests.support.ports import free_port
+from tests.support.serving import Server, run_manage
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
 
@@ -325,6 +326,7 @@ def shared(
         yield router
 
 
+@pytest.mark.http_server
 class TestServing:
     def test_a_chat_completion_loads_the_model_and_answers(self, shared: Router) -> None:
         response = shared.chat("tiny")

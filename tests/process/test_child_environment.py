@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from routerpanel.router.supervisor import ROUTER_ONLY_ENV
-from tests.serving import ROOT, free_port, run_manage, sim_preset, simserver_processes, wait_until
+from tests.support.ports import free_port
+from tests.support.serving import ROOT, run_manage, sim_preset, simserver_processes, wait_until
 
 ROUTER_OWN = {
     "LLAMA_ARG_MODELS_MAX": "3",

@@ -31,6 +31,7 @@ import pytest
 from routerpanel.router.catalogue import Event
 from routerpanel.router.config import PresetSpec, RouterConfig
 from routerpanel.router.engine import Engine, EngineEvent, Lease, RouterError
+from tests.support.waits import settled
 
 PROJECT = Path(__file__).resolve().parents[2]
 SEED = 20261130
@@ -219,7 +220,7 @@ class Clients:
 
     async def _command(self, op: str, call: Awaitable[None]) -> None:
         try:
-            await call
+            await settled(call, 120)  # a load may queue behind every other model
         except RouterError as exc:
             self.count(op, f"rejected:{exc.status}", exc)
         else:

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.serving import free_port, run_manage, sim_preset, wait_until
+from tests.support.ports import free_port
+from tests.support.serving import run_manage, sim_preset, wait_until
 
 HEAVY, LIGHT = "heavy-key-0123456789", "light-key-0123456789"
 

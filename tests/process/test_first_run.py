@@ -14,7 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serving import ROOT, SIMSERVER, free_port, run_manage
+from tests.support.ports import free_port
+from tests.support.serving import ROOT, SIMSERVER, run_manage
+
+pytestmark = pytest.mark.http_server  # CI runs it on uvicorn too
 
 START_TIMEOUT = 90
 

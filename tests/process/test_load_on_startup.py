@@ -16,15 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serving import (
-    ROOT,
-    LiveChildSampler,
-    free_port,
-    run_manage,
-    sim_preset,
-    stop,
-    wait_until,
-)
+from tests.support.ports import free_port
+from tests.support.serving import ROOT, LiveChildSampler, run_manage, sim_preset, stop, wait_until
 
 START_TIMEOUT = 90
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import openai
+import pytest
 
-from tests.serving import free_port, run_manage
+from tests.support.ports import free_port
+from tests.support.serving import run_manage
+
+pytestmark = pytest.mark.http_server  # CI runs it on uvicorn too
 
 
 def test_the_openai_sdk_lists_models_and_chats_streamed_and_not(tmp_path: Path) -> None:

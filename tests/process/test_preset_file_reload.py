@@ -11,14 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.serving import (
-    ROOT,
-    free_port,
-    run_manage,
-    sim_preset,
-    simserver_processes,
-    wait_until,
-)
+from tests.support.ports import free_port
+from tests.support.serving import ROOT, run_manage, sim_preset, simserver_processes, wait_until
 
 
 def model_ids(client: object) -> list[str]:

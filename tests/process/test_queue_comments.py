@@ -18,8 +18,12 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
-from tests.serving import Server, free_port, manage_beside, run_manage, sim_preset, wait_until
+from tests.support.ports import free_port
+from tests.support.serving import Server, manage_beside, run_manage, sim_preset, wait_until
+
+pytestmark = pytest.mark.http_server  # CI runs it on uvicorn too
 
 HEADER = {"x-routerpanel-queue-comments": "1"}
 LOAD_MS = 1200  # long enough for a status line or two, short enough for CI

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.serving import (
+from tests.support.ports import free_port
+from tests.support.serving import (
     Server,
     alias_of,
-    free_port,
     run_manage,
     sim_preset,
     simserver_processes,

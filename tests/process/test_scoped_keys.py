@@ -11,16 +11,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from tests.serving import Server, free_port, manage_beside, run_manage, sim_preset, wait_until
-
-
-def create_key(server: Server, *args: str) -> str:
-    return manage_beside(server, "create_api_key", "admin", *args).strip()
-
-
-def chat(model: str, tokens: int = 2, stream: bool = False) -> dict[str, object]:
-    messages = [{"role": "user", "content": "hi"}]
-    return {"model": model, "messages": messages, "max_tokens": tokens, "stream": stream}
+from tests.support.ports import free_port
+from tests.support.scoped_keys import chat, create_key
+from tests.support.serving import run_manage, sim_preset, wait_until
 
 
 def test_a_scoped_key_is_held_to_its_models_and_its_concurrency(tmp_path: Path) -> None:

@@ -10,8 +10,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.serving import free_port, run_manage
+from tests.support.ports import free_port
+from tests.support.serving import run_manage
+
+pytestmark = pytest.mark.http_server  # CI runs it on uvicorn too
 
 KEEPALIVE = 3  # seconds (ROUTERPANEL_SSE_KEEPALIVE)
 

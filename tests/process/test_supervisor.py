@@ -256,7 +256,10 @@ class TestStopping:
         exited_at, exited = await recorder.wait_for(ChildExited, name="deaf")
         elapsed = exited_at - asked
         print(f"SIGKILL observed {elapsed:.3f} s after stop(stop_timeout=2.0)")
-        assert 1.5 <= elapsed <= 2.5
+        # Never before the deadline (now + 2.0 inside stop(), after ``asked``). How soon after
+        # it depends on how busy the machine is (the SIGKILL is a loop.call_at at the stored
+        # deadline); the upper bound only tells it from a later escalation (a shutdown).
+        assert 2.0 <= elapsed < 2.0 + 10.0
         assert exited.signal == signal.SIGKILL and exited.exit_code is None
         assert exited.expected and exited.force_killed and exited.error is None
 

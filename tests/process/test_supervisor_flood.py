@@ -15,6 +15,7 @@ from routerpanel.router.probe import read_slots
 from routerpanel.router.supervisor import ChildReady, LogLine, Supervisor
 from routerpanel.router.supervisor.flood import BURST, RATE
 from tests.support.supervisor import PROJECT, Recorder, sim
+from tests.support.waits import settled
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +69,7 @@ async def test_the_simulated_slots_show_prompt_progress_then_decoding(
         for _ in range(8):
             await asyncio.sleep(0.3)
             readings.append(await read_slots(ChildAddress(LOOPBACK, ready.port), 5.0))
-        assert (await request).status_code == 200
+        assert (await settled(request)).status_code == 200
     counters = [r.counters for r in readings if r is not None and r.counters]
     assert len(counters) >= 5
     assert len(set(counters)) >= 4, f"counters should move: {counters}"

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.process.test_scoped_keys import chat, create_key
-from tests.serving import free_port, run_manage, sim_preset
+from tests.support.ports import free_port
+from tests.support.scoped_keys import chat, create_key
+from tests.support.serving import run_manage, sim_preset
 
 LOAD_MS = 400
 

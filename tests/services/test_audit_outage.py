@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.services.conftest import PG_ADMIN_URL
+from tests.support.databases import PG_ADMIN_URL
+from tests.support.waits import settled
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = (6, 8, 6)  # evictions before, during and after the outage
@@ -160,7 +161,7 @@ async def _drive(journal: Path) -> None:
                 await idle()
             sup.ready(model)
             await idle()
-            engine.release((await waiting).lease_id)
+            engine.release((await settled(waiting)).lease_id)
             await idle()
 
     def _next(children: dict[str, int]) -> str:
@@ -188,7 +189,7 @@ async def _drive(journal: Path) -> None:
     for name in list(sup.children):
         sup.exit(name)
     await asyncio.wait_for(shutdown, 30)
-    await listener
+    await settled(listener)
     stored = await asyncio.to_thread(writer.flush, 60)
     await asyncio.to_thread(writer.close, 30)
     report("done", produced=produced, router_id=writer.router_id, all_stored=stored)

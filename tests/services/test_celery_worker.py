@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from tests.llama.ggufgen import write_tiny_llama
 from tests.support.fake_router import MemoryRouter, ring
+from tests.support.ggufgen import write_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = str(Path(sys.executable).with_name("celery"))

@@ -10,49 +10,20 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.serving import (
+from tests.support.ports import free_port
+from tests.support.serving import (
     LiveChildSampler,
-    Server,
-    free_port,
     in_threads,
     run_manage,
     sim_preset,
     simserver_processes,
 )
-
-
-def chat(model: str, tokens: int = 3, stream: bool = False) -> dict[str, object]:
-    return {"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": tokens,
-            "stream": stream}  # fmt: skip
-
-
-@contextmanager
-def team(
-    tmp_path: Path, pg_database: str, redis_url: str, presets: str, models_max: int, *extra: str
-) -> Iterator[tuple[Server, Server]]:
-    ini = tmp_path / "models.ini"
-    ini.write_text(presets)
-    env = {"DATABASE_URL": pg_database, "REDIS_URL": redis_url}
-    with ExitStack() as stack:
-        router = stack.enter_context(
-            run_manage(
-                ["runrouter", "--models-preset", str(ini), "--models-max", str(models_max), *extra],
-                tmp_path / "router",
-                env=env,
-                ready="router running",
-            )
-        )
-        web = stack.enter_context(
-            run_manage(["serve", "--no-router"], tmp_path / "web", env=env, port=free_port())
-        )
-        yield router, web
+from tests.support.team_mode import chat, team
 
 
 def test_requests_swap_models_through_two_processes(
@@ -120,7 +91,7 @@ def test_a_second_router_on_the_same_host_is_refused(
         import subprocess
         import sys
 
-        from tests.serving import ROOT
+        from tests.support.serving import ROOT
 
         second = subprocess.run(
             [sys.executable, "manage.py", "runrouter"],

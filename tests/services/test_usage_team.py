@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.services.test_team_mode import chat, team
-from tests.serving import sim_preset
+from tests.support.serving import sim_preset
+from tests.support.team_mode import chat, team
 
 LOAD_MS = 300
 

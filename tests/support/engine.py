@@ -26,6 +26,7 @@ from routerpanel.router.supervisor import (
     SpawnError,
     Supervisor,
 )
+from tests.support.waits import settled
 
 
 class FakeClock:
@@ -196,7 +197,7 @@ async def shut_down(h: Harness) -> None:
         h.sup.exit(name)
     await turns()
     assert shutdown.done()
-    await shutdown
+    await settled(shutdown)
 
 
 @pytest.fixture

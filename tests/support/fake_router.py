@@ -20,6 +20,7 @@ from channels.layers import BaseChannelLayer
 
 from models_app import bridge
 from routerpanel.router.receipts import NO_RECEIPT, Receipt
+from tests.support.waits import settled
 
 LEASE_TTL = 30.0
 
@@ -177,7 +178,7 @@ class FakeRouter:
         for task in (self._task, *self._pending):
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                    await settled(task)
 
     async def _run(self) -> None:
         while True:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.chaos.conftest import RedisServer, redis_server_available
-from tests.serving import Server, free_port, run_manage, simserver_processes, wait_until
-from tests.tiers import missing
+from tests.support.ports import free_port
+from tests.support.redis_server import RedisServer, redis_server_available
+from tests.support.serving import Server, run_manage, simserver_processes, wait_until
+from tests.support.tiers import missing
 
 ADDRESSES = {"studio-1": "127.0.0.2", "studio-2": "127.0.0.3"}
 

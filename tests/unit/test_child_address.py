@@ -11,6 +11,7 @@ import pytest
 from routerpanel.router.address import ChildAddress, new_key, shown
 from routerpanel.router.config import RouterConfig
 from tests.support.engine import FakeClock, Harness, make, shut_down
+from tests.support.waits import settled
 
 
 class TestAddress:
@@ -100,7 +101,7 @@ class TestEngine:
         await h.idle()
         sup.ready("a")
         await h.idle()
-        lease = await task
+        lease = await settled(task)
         key = f"key-a-{sup.children['a']}"
         assert (lease.host, lease.key, lease.port) == ("10.9.8.7", key, sup.port("a"))
         assert lease.address == ChildAddress("10.9.8.7", sup.port("a"), key)
@@ -111,12 +112,12 @@ class TestEngine:
         unloading = asyncio.create_task(engine.unload("a"))
         await h.idle()
         await h.exit("a")  # unloaded; the next spawn gets a new key
-        await unloading
+        await settled(unloading)
         again = h.acquire("a")
         await h.idle()
         sup.ready("a")
         await h.idle()
-        second = await again
+        second = await settled(again)
         assert second.key == f"key-a-{sup.children['a']}" != key
         await h.idle()
         assert events and not any(key in json.dumps(e.data, default=str) for e in events)
@@ -130,6 +131,6 @@ class TestEngine:
         await h.idle()
         sup.ready("a")
         await h.idle()
-        lease = await task
+        lease = await settled(task)
         assert (lease.host, lease.key) == ("127.0.0.1", None)
         await shut_down(h)

@@ -34,6 +34,7 @@ from tests.support.engine import (
     shut_down,
     turns,
 )
+from tests.support.waits import settled
 
 pytest_plugins = ("tests.support.engine",)  # the h fixture: Engine, fake supervisor, clock
 
@@ -203,6 +204,25 @@ class TestGrantQueueEvict:
         assert stop["stop_reason"] == "eviction"
         assert stop["trigger"]["model"] == "c" and stop["trigger"]["actor"] == "alice"
 
+    @engine_config(preset("a", stop_timeout=3.5), preset("b", stop_timeout=0.0), "c", models_max=2)
+    async def test_each_stop_takes_its_own_preset_s_stop_timeout(self, h: Harness) -> None:
+        """S4: the deadline is the victim's own stop-timeout, not the router's default, for an
+        eviction, an unload and a shutdown alike (the other tests only ever see 10.0)."""
+        await h.warm("a")
+        h.clock.advance(1)
+        await h.warm("b")
+        h.acquire("c")
+        await h.idle()
+        assert h.sup.calls[-1] == ("stop", "a", 3.5)  # the LRU victim, for c
+        await h.exit("a")
+        h.sup.ready("c")
+        await h.idle()
+        await h.engine.unload("b", actor="ops")
+        assert h.sup.calls[-1] == ("stop", "b", 0.0)  # 0: killed at once by the supervisor
+        await h.exit("b")
+        await shut_down(h)
+        assert ("stop", "c", 10.0) in h.sup.calls  # c has no stop-timeout of its own
+
     async def test_a_busy_model_is_never_the_victim(self, h: Harness) -> None:
         await h.warm("a", "b")
         busy = await h.engine.acquire("a", request_id="busy")
@@ -251,7 +271,7 @@ class TestGrantQueueEvict:
         assert h.sup.spawned() == ["a", "b", "d"]
         h.sup.ready("d")
         await h.idle()
-        assert (await later).model == "d"
+        assert (await settled(later)).model == "d"
 
     async def test_cancel_by_request_id_answers_the_waiter_with_499(self, h: Harness) -> None:
         await h.warm("a", "b")
@@ -262,7 +282,7 @@ class TestGrantQueueEvict:
         h.engine.cancel("gone")
         await h.idle()
         with pytest.raises(RouterError) as err:
-            await task
+            await settled(task)
         assert err.value.status == 499
         assert h.engine.snapshot()["queue"] == []
 
@@ -276,7 +296,7 @@ class TestGrantQueueEvict:
         assert [r["request_id"] for r in entry["requests"]] == ["c1", "c2"]
         assert await h.engine.cancel_queued(request_id="c1", actor="op:alice") == ["c1"]
         with pytest.raises(RouterError) as err:
-            await doomed
+            await settled(doomed)
         assert err.value.status == 499 and "op:alice" in err.value.message
         assert not kept.done() and h.model("c")["queue_waiters"] == 1
         (cancelled,) = h.of(Event.QUEUE_CANCELLED)
@@ -377,7 +397,7 @@ class TestGrantQueueEvict:
         await h.idle()
         await h.exit("a", code=1)
         with pytest.raises(RouterError) as err:
-            await task
+            await settled(task)
         assert (err.value.status, err.value.message) == (500, "model name=a failed to load")
         assert err.value.details == ("bye",)
         (exited,) = h.of(Event.MODEL_EXITED)
@@ -388,7 +408,7 @@ class TestGrantQueueEvict:
         task = h.acquire("a")
         await h.idle()
         with pytest.raises(RouterError) as err:
-            await task
+            await settled(task)
         assert err.value.status == 500
         assert h.model("a")["state"] == "failed"
 
@@ -511,7 +531,7 @@ class TestTime:
         h.engine.clock_changed()
         await h.idle()
         with pytest.raises(RouterError) as err:
-            await task
+            await settled(task)
         assert err.value.status == 503 and err.value.retry_after == 5
 
     async def test_the_timer_sleeps_until_the_earliest_deadline_and_then_ticks(
@@ -687,7 +707,7 @@ class TestStartAndShutdown:
         shutdown = asyncio.create_task(h.engine.shutdown())
         await h.idle()
         with pytest.raises(RouterError) as err:
-            await task
+            await settled(task)
         assert err.value.status == 503
         # A request still being answered learns why when its child's answer breaks off.
         ended = h.engine.why_ended(busy.lease_id)

@@ -156,6 +156,22 @@ class TestTheWatchdogInTheEngine:
         assert ("kill", "a") in rig.sup.calls
         assert "did not move" in rig.of(Event.MODEL_HUNG)[0]["probe"]
 
+    async def test_a_byte_between_the_two_probes_clears_the_suspicion(self, rig: Rig) -> None:
+        """The counters would stand still (a long prompt's slot reads the same twice), but a
+        byte came between the probes: that is progress, so no second probe and no kill; a new
+        suspicion needs another whole hang_timeout of silence."""
+        lease = await busy(rig)
+        rig.probe.readings = [Reading(((0, 7, 100),)), Reading(((0, 7, 100),))]
+        await rig.advance(60.0)
+        assert len(rig.probe.calls) == 1  # suspect: the first reading
+        await rig.advance(1.0)
+        rig.engine.progress(lease)  # a byte on its request
+        await rig.advance(probe_gap(60.0))
+        assert len(rig.probe.calls) == 1 and ("kill", "a") not in rig.sup.calls
+        await rig.advance(60.0 - 1.0 - probe_gap(60.0) - 0.5)
+        assert len(rig.probe.calls) == 1  # not yet a hang_timeout since the byte
+        assert rig.of(Event.MODEL_HUNG) == []
+
     async def test_a_child_without_slots_is_only_asked_whether_it_lives(self, rig: Rig) -> None:
         await busy(rig)
         rig.probe.readings = [Reading(None, 200), None]
@@ -195,8 +211,8 @@ class TestTheWatchdogInTheEngine:
             await busy(r)
             await r.advance(120.0)
             assert probe.calls == []  # no hang timeout: never probed
+            probe.readings = [None]  # the first probe may go out while the reload returns
             await engine.reload([preset("a", hang_timeout=60.0)])
-            probe.readings = [None]
             await r.advance(0.0)
             assert probe.calls == [(sup.port("a"), probe_gap(60.0))]
             assert ("kill", "a") in sup.calls

@@ -20,6 +20,7 @@ from routerpanel.router.fairshare import RecentUse, owner_of, urgent_after
 from routerpanel.router.scheduler import Scheduler
 from tests.support.engine import Harness, engine_config
 from tests.support.scheduler import granted, sched, spawned, warm
+from tests.support.waits import settled
 
 pytest_plugins = ("tests.support.engine",)  # the h fixture: Engine, fake supervisor, clock
 
@@ -228,7 +229,7 @@ async def test_the_engine_passes_the_keys_class_and_shows_the_policy(h: Harness)
     assert h.engine.snapshot()["queue_policy"]["policy"] == "fifo"
     with pytest.raises(ValueError):
         await h.engine.acquire("a", request_id="bad", priority="urgent")
-    h.engine.release((await high).lease_id)
+    h.engine.release((await settled(high)).lease_id)
     await h.idle()
     await h.exit("b")
     h.sup.ready("a")

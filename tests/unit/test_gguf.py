@@ -1,7 +1,7 @@
 """GGUF inspection and the memory estimate (routerpanel.router.gguf), on small generated files.
 
-The files come from tests.llama.ggufgen with its fake tokenizer, so no vocab file is needed; the
-llama tier checks the same facts against the real llama-server with the real SPM tokenizer.
+The files come from tests.support.ggufgen with its fake tokenizer, so no vocab file is needed;
+the llama tier checks the same facts against the real llama-server with the real SPM tokenizer.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from routerpanel.router.gguf import (
     estimate_memory,
     inspect,
 )
-from tests.llama.ggufgen import FAKE_VOCAB_SIZE, write_tiny_llama
+from tests.support.ggufgen import FAKE_VOCAB_SIZE, write_tiny_llama
 
 
 def write(path: Path, **kwargs: object) -> Path:

@@ -1,7 +1,7 @@
 """Random interleavings under ``queue_policy = fair`` (issue 17.5), against its guarantees.
 
-The fake world of test_scheduler_properties.py runs again, unchanged in what it checks — live
-children within the cap (A3, A6), no busy model stopped, LRU and pin and TTL, the scheduler
+The fake world of tests/support/scheduler_machine.py runs again, unchanged in what it checks —
+live children within the cap (A3, A6), no busy model stopped, LRU and pin and TTL, the scheduler
 agreeing with the world, every waiter answered at the end — with requests from several owners
 in every priority class, and the fair order checked in place of arrival order:
 
@@ -34,7 +34,7 @@ from routerpanel.router.fairshare import RANK, owner_of, urgent_after
 from routerpanel.router.scheduler import Scheduler
 from routerpanel.router.states import DOWN
 from tests.support.scheduler import preset
-from tests.unit.test_scheduler_properties import MODELS, SETTINGS, SchedulerMachine
+from tests.support.scheduler_machine import MODELS, SETTINGS, SchedulerMachine
 
 USERS = (
     ("key:ann/batch", Priority.LOW),

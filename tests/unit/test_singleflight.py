@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from models_app.singleflight import SingleFlight
+from tests.support.waits import settled
 
 
 async def turns(n: int = 3) -> None:
@@ -46,10 +47,10 @@ async def test_a_cancelled_caller_leaves_the_call_running_for_the_others() -> No
     await turns()
     leaving.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await leaving
+        await settled(leaving)
     assert flight.running
     start.release.set()
-    assert await staying == 1
+    assert await settled(staying) == 1
     assert start.calls == 1
 
 

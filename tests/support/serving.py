@@ -10,7 +10,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any
 import httpx
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIMSERVER = f"{sys.executable} -m routerpanel.router.simserver"
 
 
@@ -42,12 +41,6 @@ def llama_server_stand_in(directory: Path) -> Path:
     )
     script.chmod(0o755)
     return script
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def sim_preset(
