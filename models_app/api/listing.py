@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from routerpanel.router import presets
+
 RUNNING = frozenset({"loading", "loaded", "sleeping"})
 TEXT_ONLY = {"input_modalities": ["text"], "output_modalities": ["text"]}
 
@@ -52,9 +54,10 @@ def entry(model: Mapping[str, Any], created: int) -> dict[str, Any]:
 
 def status(model: Mapping[str, Any], value: str) -> dict[str, Any]:
     """``{value, args[, preset][, exit_code, failed]}``: exit code and flag only when failed."""
-    out: dict[str, Any] = {"value": value, "args": list(model.get("args") or ())}
-    if model.get("preset") is not None:
-        out["preset"] = model["preset"]
+    args = model.get("args") or ()
+    out: dict[str, Any] = {"value": value, "args": list(args)}
+    if args:  # every entry has a preset here (no download entries): its options as INI, 11.17
+        out["preset"] = presets.preset_text(model["name"], tuple(args))
     if model.get("failed"):
         code = model.get("exit_code")
         out["exit_code"] = code if isinstance(code, int) else 1  # a kill reports 1 (§3.5)

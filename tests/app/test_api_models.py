@@ -109,7 +109,8 @@ class TestModelsList:
         assert loaded["aliases"] == ["alpha", "zeta"]
         assert loaded["object"] == "model"
         assert loaded["owned_by"] == "llamacpp"
-        assert loaded["status"] == {"value": "loaded", "args": ["llama-server"]}
+        preset = "[b-model]\n\n"  # a program without options: the section alone
+        assert loaded["status"] == {"value": "loaded", "args": ["llama-server"], "preset": preset}
         assert loaded["architecture"] == {
             "input_modalities": ["text"],
             "output_modalities": ["text"],
@@ -117,6 +118,23 @@ class TestModelsList:
         assert (loaded["source"], loaded["can_remove"]) == ("preset", False)
         loading = body["data"][1]
         assert (loading["pid"], loading["memory"], loading["queue_depth"]) == (4242, 1 << 30, 2)
+
+    async def test_each_entry_carries_its_options_as_ini_like_llama_cpp(
+        self, client: AsgiClient, router: FakeRouter
+    ) -> None:
+        """``status.preset`` (ROUTER_SPEC 11.17), checked against a real b11434 router's answer
+        for the same command line: host, port and alias are left out, flags are 1 or 0."""
+        args = ["/path/llama-server", "--host", "127.0.0.1", "--no-jinja", "--log-colors",
+                "off", "--offline", "--port", "0", "--no-slots", "--temperature", "0.8",
+                "--alias", "m:Q8_0", "--ctx-size", "1024", "--hf-repo", "org/m:Q8_0",
+                "--seed", "42"]  # fmt: skip
+        router.add("m:Q8_0", status="unloaded", args=args)
+        for path in ("/models", "/v1/models"):
+            (entry,) = (await client.get(path)).json()["data"]
+            assert entry["status"]["preset"] == (
+                "[m:Q8_0]\njinja = 0\nlog-colors = off\noffline = 1\nslots = 0\n"
+                "temperature = 0.8\nctx-size = 1024\nhf-repo = org/m:Q8_0\nseed = 42\n\n"
+            )
 
     async def test_a_failed_model_shows_its_exit_code(
         self, client: AsgiClient, router: FakeRouter

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -460,3 +462,32 @@ class TestRenderArgv:
             "200",
             "--sim-ignore-sigterm",
         )
+
+
+class TestRouterFlagsAreNeverCarried:
+    """A router flag in a preset file is warned about and dropped: never stored on the preset,
+    exported or passed to a child, whatever program runs it (issue 44.4)."""
+
+    @pytest.mark.parametrize(
+        "key", ["models-max", "LLAMA_ARG_MODELS_MAX", "api-key", "host", "port"]
+    )
+    def test_it_is_not_stored_on_the_preset(self, key: str) -> None:
+        parsed = parse_presets(f"[*]\nc = 1\n{key} = 2\n[m]\nmodels-dir = /x\nc = 2\n")
+        glob, model = parsed.global_def, parsed.presets[0]
+        assert glob is not None and glob.args == (("c", "1"),)
+        assert model.args == (("c", "2"),)
+        assert [w.line for w in parsed.warnings] == [3, 5]
+
+    def test_a_program_of_its_own_never_gets_them(self) -> None:
+        """Its option table does not know them: they used to pass as ``--models-max 2``."""
+        sim = f"{sys.executable} -m routerpanel.router.simserver"
+        parsed = parse_presets(f"[*]\nmodels-max = 2\n[m]\nserver-bin = {sim}\nsim-load-ms = 5\n")
+        assert parsed.global_def is None or parsed.global_def.args == ()
+        stored = PresetDef(name="m", server_bin=sim, args=(("models-max", "2"), ("port", "9")))
+        argv = presets.render_argv(stored, None, "llama-server", options.OptionTable.of((), "sim"))
+        assert "--models-max" not in argv and "--port" not in argv
+
+    def test_one_stored_by_an_older_version_is_not_exported(self) -> None:
+        stored = PresetDef(name="m", args=(("models-max", "2"), ("ctx-size", "512")))
+        text = render_presets(None, [stored])
+        assert "models-max" not in text and "ctx-size = 512" in text

@@ -44,6 +44,7 @@ from routerpanel.router.presets.definition import (
     Resolver,
     builtin_only,
     program_of,
+    router_flag,
 )
 from routerpanel.router.presets.parse import (
     check_aliases,
@@ -53,6 +54,7 @@ from routerpanel.router.presets.parse import (
     section_to_def,
 )
 from routerpanel.router.presets.render import def_to_section, render_argv, render_presets
+from routerpanel.router.presets.status import preset_text
 from routerpanel.router.presets.values import (
     DEFAULT_STOP_TIMEOUT,
     check_server_bin,
@@ -96,9 +98,11 @@ __all__ = [
     "parse_seconds",
     "parse_size",
     "parse_stop_timeout",
+    "preset_text",
     "program_of",
     "render_argv",
     "render_presets",
+    "router_flag",
     "section_to_def",
     "split_list",
 ]  # fmt: skip

@@ -48,6 +48,17 @@ ROUTER_FLAG_HOMES = {
     "host": "nothing: the router gives every child its own address",
     "port": "nothing: the router gives every child its own port",
 }
+
+
+def router_flag(key: str) -> str | None:
+    """The router flag ``key`` spells (``models-max``, ``LLAMA_ARG_PORT``, ``no-models-autoload``
+    …), or None. Looked up in llama-server's own table, whatever program runs the preset: these
+    are the router's, and a preset never carries them (llama.cpp drops them, 11.15, 12.4)."""
+    found = options.builtin().lookup(key)
+    name = found[0].key if found is not None else key.lstrip("-")
+    return name if name in ROUTER_FLAG_HOMES else None
+
+
 DEFAULT_PROGRAM = "llama-server"
 # program (the server-bin command) -> what it accepts
 Resolver = Callable[[str], options.Catalogue]

@@ -17,6 +17,7 @@ from routerpanel.router.presets.definition import (
     PresetDef,
     Resolver,
     builtin_only,
+    router_flag,
 )
 from routerpanel.router.presets.values import (
     check_server_bin,
@@ -116,6 +117,11 @@ def section_to_def(
                 )
             elif key in ROUTERPANEL_KEYS or key in LLAMA_ROUTER_KEYS:
                 _router_key(key, value, entry.line, fields, sink)
+            elif (flag := router_flag(key)) is not None:  # warned and dropped, never stored
+                where = f" in preset '{section.name}'" if section.name else ""
+                home = ROUTER_FLAG_HOMES[flag]
+                message = f"'{key}'{where} is ignored, as llama.cpp ignores it in a preset file"
+                sink.append(ini.IniWarning(entry.line, f"{message}; use {home}"))
             else:
                 found = check_option(key, section.name, known, entry.line, sink)
                 if found is not None and found.key == "alias":
@@ -168,14 +174,6 @@ def check_option(
             )
         )
         return None
-    home = ROUTER_FLAG_HOMES.get(found[0].key)
-    if home is not None:
-        sink.append(
-            ini.IniWarning(
-                line,
-                f"'{key}'{where} is ignored, as llama.cpp ignores it in a preset file; use {home}",
-            )
-        )
     return found[0]
 
 

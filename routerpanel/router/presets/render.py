@@ -7,7 +7,13 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from routerpanel.router import ini, options
-from routerpanel.router.presets.definition import ENV_PREFIX, RESERVED_KEYS, PresetDef, program_of
+from routerpanel.router.presets.definition import (
+    ENV_PREFIX,
+    RESERVED_KEYS,
+    PresetDef,
+    program_of,
+    router_flag,
+)
 from routerpanel.router.presets.values import format_duration, format_nodes, format_size
 
 
@@ -19,7 +25,8 @@ def def_to_section(preset: PresetDef, *, llama_compatible: bool = False) -> ini.
     if preset.aliases:
         section.set("alias", ",".join(preset.aliases))
     for key, value in preset.args:
-        section.set(key, value)
+        if router_flag(key) is None:  # a router flag stored by an older version is not exported
+            section.set(key, value)
     if preset.stop_timeout is not None:
         section.set("stop-timeout", str(preset.stop_timeout))
     if preset.load_on_startup is not None:
@@ -100,6 +107,8 @@ def render_argv(
             continue
         for key, value in sorted(section.args, key=lambda pair: pair[0].encode()):
             found = table.lookup(key)
+            if router_flag(key) is not None:
+                continue  # stored by an older version: never passed on (12.4)
             if found is None:
                 unknown.pop(key, None)
                 unknown[key] = value
