@@ -110,6 +110,9 @@ class AuditMapper:
         self.stop_grace = stop_grace
         self.after_exit = after_exit
         self._stops: dict[str, _Stop] = {}  # stop rows waiting for their victim's exit
+        # model -> the models evicted to make room for its load, until it is ready or fails: a
+        # load that fails after evicting names what it cost.
+        self._evicted_for: dict[str, list[str]] = {}
         self._system: dict[str, Any] | None = None  # the last memory sample's system part
         self.last_seq = 0
         self.missed = 0  # events never seen (a seq gap: the host's subscription fell behind)
@@ -156,6 +159,7 @@ class AuditMapper:
             Event.MEMORY_SAMPLE: self.memory_sample, Event.MEMORY_SETTLED: self.memory_settled,
             Event.MESSAGE_EXPIRED: self.message_expired,
             Event.SERVICE_OUTAGE: self.service_outage, Event.NODE_CHANGED: self.node_changed,
+            Event.MODEL_REFUSED: self.model_refused,
         }  # fmt: skip
 
     # ---- handlers, named after the event types (STYLE 13) ------------------------------------
@@ -169,6 +173,7 @@ class AuditMapper:
         elif to == "loading" and action == "spawn":
             self._row(seq, t, AuditKind.LOADING, d, trigger, memory_before=self._used())
         elif to == "loaded" and frm == "loading" and "loaded_for" in d:  # a spawn's first ready
+            self._evicted_for.pop(d["model"], None)
             row = self._row(seq, t, AuditKind.READY, d, {}, emit=False)
             row.update(actor=d["loaded_for"], load_seconds=d.get("load_seconds"))
             self._emit(row)
@@ -198,6 +203,8 @@ class AuditMapper:
             why = "over the limit after models_max or the memory budget was lowered"
         else:
             why = f"least recently used idle model, stopped for {trigger.get('model')}"
+            if trigger.get("model"):
+                self._evicted_for.setdefault(trigger["model"], []).append(victim)
         row = _row(
             seq, t, AuditKind.EVICTION, model=victim, from_state=frm, reason=why,
             actor=trigger.get("actor") or "", trigger_model=trigger.get("model") or "",
@@ -290,8 +297,12 @@ class AuditMapper:
             self._stop_exited(model, stop, seq, t, d)
             return
         frm = d.get("state_before") or ""
+        details = _exit_details(d)
         if not d.get("was_ready"):
             kind, why = AuditKind.LOAD_FAILED, d.get("error") or "the child exited while loading"
+            if victims := self._evicted_for.pop(model, []):  # what the failed load cost
+                why += f"; {', '.join(victims)} had been evicted for it"
+                details["evicted_for_it"] = victims
         elif d.get("clean"):
             kind, why = AuditKind.EXITED, d.get("error") or "exited with code 0"
         else:
@@ -300,9 +311,20 @@ class AuditMapper:
             seq, t, kind, model=model, from_state=frm, to_state=d.get("state") or "",
             reason=why, exit_code=d.get("exit_code"), force_killed=d.get("force_killed"),
             load_seconds=None if d.get("was_ready") else d.get("duration"),
-            details=_exit_details(d),
+            details=details,
         )  # fmt: skip
         self._emit(row)
+
+    def model_refused(self, seq: int, t: float, d: dict[str, Any]) -> None:
+        """A load that could not start, refused before anyone was evicted for it."""
+        self._emit(
+            _row(
+                seq, t, AuditKind.LOAD_REFUSED, model=d["model"], actor=d.get("actor") or "",
+                reason=f"cannot start, nobody evicted: {d['reason']}",
+                trigger_model=d["model"], trigger_request=d.get("request_id") or "",
+                details={"kind": d.get("kind")},
+            )
+        )  # fmt: skip
 
     def _stop_exited(self, model: str, stop: _Stop, seq: int, t: float, d: dict[str, Any]) -> None:
         row = stop.row

@@ -285,18 +285,24 @@ class RouterClient:
         autoload: bool = True,
         request_id: str | None = None,
         priority: str = "normal",
+        patient: bool = False,
     ) -> Grant:
         """Wait for a lease on ``model``; raise ``RouterRejected``. Cancelling leaves the queue.
 
         ``priority``: the key's class (low, normal, high), for the ``fair`` queue policy.
+        ``patient``: wait even when every slot is held by pinned models (else 503 at once).
         """
         request_id = request_id or uuid.uuid4().hex
         host = self._in_process()
         if host is not None:
-            return await self._acquire_local(host, model, actor, autoload, request_id, priority)
+            return await self._acquire_local(
+                host, model, actor, autoload, request_id, priority, patient
+            )
         client = await self._placed(model)
         try:
-            return await client._acquire_remote(model, actor, autoload, request_id, priority)
+            return await client._acquire_remote(
+                model, actor, autoload, request_id, priority, patient
+            )
         except RouterRejected as exc:
             # Placed on a node that was lost before it answered: place it once more, on a node
             # that lives (the model's preset may run elsewhere), instead of failing it.
@@ -309,7 +315,9 @@ class RouterClient:
                 raise
             log.warning("node %s was lost; request %s placed again on %s",
                         client.node, request_id, again.node)  # fmt: skip
-            return await again._acquire_remote(model, actor, autoload, request_id, priority)
+            return await again._acquire_remote(
+                model, actor, autoload, request_id, priority, patient
+            )
 
     async def _acquire_local(
         self,
@@ -319,6 +327,7 @@ class RouterClient:
         autoload: bool,
         request_id: str,
         priority: str = "normal",
+        patient: bool = False,
     ) -> Grant:
         engine = host.engine
         if engine is None:
@@ -338,6 +347,7 @@ class RouterClient:
                     autoload=autoload,
                     renewable=False,
                     priority=priority,
+                    patient=patient,
                 ),
             )
         except RouterError as exc:
@@ -345,13 +355,21 @@ class RouterClient:
         return _local_grant(request_id, lease, host)
 
     async def _acquire_remote(
-        self, model: str, actor: str, autoload: bool, request_id: str, priority: str = "normal"
+        self,
+        model: str,
+        actor: str,
+        autoload: bool,
+        request_id: str,
+        priority: str = "normal",
+        patient: bool = False,
     ) -> Grant:
         watch = _watch(self.node or "")
         if watch is not None and (why := watch.lost(None)) is not None:
             raise router_unavailable(why)  # known dead: do not even queue a message
         if watch is not None and (conn := await _connection(watch)) is not None:
-            return await self._acquire_linked(conn, model, actor, autoload, request_id, priority)
+            return await self._acquire_linked(
+                conn, model, actor, autoload, request_id, priority, patient
+            )
         wait = self._first_wait(watch)
         reply = await self._new_channel()
         envelope = _addressed(request_id, reply, watch, wait)
@@ -361,6 +379,7 @@ class RouterClient:
             "actor": actor,
             "autoload": autoload,
             "priority": priority,
+            "patient": patient,
             **envelope,
         }
         await self._send(message)
@@ -382,6 +401,7 @@ class RouterClient:
         autoload: bool,
         request_id: str,
         priority: str,
+        patient: bool = False,
     ) -> Grant:
         """``_acquire_remote`` over the router connection (routerlink.py): the same messages
         and deadlines; a connection that closes answers 503 at once."""
@@ -389,7 +409,7 @@ class RouterClient:
         sent = time.time()
         message = {
             "type": "router.acquire", "model": model, "actor": actor, "autoload": autoload,
-            "priority": priority, "request_id": request_id, "sent": sent,
+            "priority": priority, "patient": patient, "request_id": request_id, "sent": sent,
             "expires": sent + wait - EXPIRY_MARGIN, "boot": conn.boot,
         }  # fmt: skip
         answers = conn.expect(request_id)

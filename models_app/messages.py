@@ -64,6 +64,7 @@ class AcquireMessage(Addressed):
     actor: str
     autoload: bool
     priority: NotRequired[str]  # the key's class (fair queue policy); absent: normal
+    patient: NotRequired[bool]  # wait even when no slot can free up (blocked.py); absent: no
 
 
 class WaitingMessage(Addressed):

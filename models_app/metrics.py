@@ -89,6 +89,8 @@ COUNTERS = {
     "crash_backoffs": "Crash-loop back-offs begun (a ready child died unasked soon after start).",
     "expired_messages": "Messages from web processes dropped because their sender had stopped "
     "waiting (type: the message type).",
+    "load_refusals": "Requests and loads refused at once because the model cannot start (its "
+    "program or a file it names is missing); nobody was evicted for them.",
 }
 
 
@@ -119,7 +121,7 @@ class RouterMetrics:
             Event.MODEL_EXITED: self.model_exited, Event.MODEL_STUCK: self.model_stuck,
             Event.MODEL_HUNG: self.model_hung, Event.MODEL_BACKOFF: self.model_backoff,
             Event.LEASE_EXPIRED: self.lease_expired, Event.QUEUE_CHANGED: self.queue_changed,
-            Event.MESSAGE_EXPIRED: self.message_expired,
+            Event.MESSAGE_EXPIRED: self.message_expired, Event.MODEL_REFUSED: self.model_refused,
         }  # fmt: skip
 
     def _inc(self, name: str, **labels: str) -> None:
@@ -157,6 +159,9 @@ class RouterMetrics:
 
     def model_hung(self, t: float, d: dict[str, Any]) -> None:
         self._inc("hung_kills", model=d.get("model") or "")
+
+    def model_refused(self, t: float, d: dict[str, Any]) -> None:
+        self._inc("load_refusals", model=d.get("model") or "")
 
     def model_backoff(self, t: float, d: dict[str, Any]) -> None:
         self._inc("crash_backoffs", model=d.get("model") or "")

@@ -40,6 +40,9 @@ else:
 
 PAIR_RESERVED_KEYS = frozenset(presets.LLAMA_ROUTER_KEYS + presets.ROUTERPANEL_KEYS)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Seconds a queued request waits at most unless the settings or serve --max-wait say otherwise:
+# every request has an end (issue 44.2).
+DEFAULT_MAX_WAIT = 600
 
 
 def validate_model_id(name: str) -> None:
@@ -382,7 +385,10 @@ class RouterSettings(models.Model):
         null=True, blank=True, help_text="Requests that may wait for one model; empty: no limit."
     )
     max_wait = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Seconds a request may wait in the queue; empty: no limit."
+        default=DEFAULT_MAX_WAIT,
+        validators=[MinValueValidator(1)],
+        help_text="Seconds a request may wait in the queue; then it is answered 503 with "
+        "Retry-After. Every request has an end (serve --max-wait overrides it).",
     )
     queue_policy = models.CharField(
         "queue policy",
@@ -726,6 +732,7 @@ class AuditKind(TextChoices):
     LOADING = "loading", "loading"
     READY = "ready", "ready"
     LOAD_FAILED = "load_failed", "load failed"
+    LOAD_REFUSED = "load_refused", "load refused (cannot start)"
     EVICTION = "eviction", "eviction"
     UNLOAD = "unload", "unload (manual)"
     TTL = "ttl", "unload (idle TTL)"

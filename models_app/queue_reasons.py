@@ -93,7 +93,9 @@ def reason(
             help_.append("wait for a request to finish")
         help_.append("raise Max running models")
         text = f"waiting for a slot: {', '.join(h for h, _ in holds)} — {' or '.join(help_)}"
-        return {"status": "waiting", "text": text, "limit": limit}
+        # Every slot pinned: nothing frees one until an operator acts, so no ETA is promised.
+        status = "blocked" if pinned == len(holds) else "waiting"
+        return {"status": status, "text": text, "limit": limit}
     ahead = int(entry.get("position") or 1) - 1
     if ahead > 0:
         text = f"waiting behind {ahead} earlier {'entry' if ahead == 1 else 'entries'}"

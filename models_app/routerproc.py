@@ -90,6 +90,7 @@ class RouterProcess:
         self.on_failure = on_failure  # told (once) when the router cannot go on
         overrides = specs.Overrides(
             models_max=options["models_max"],
+            max_wait=options.get("max_wait"),
             server_bin=options["server_bin"],
             lease_ttl=options["lease_ttl"],
             queue_policy=options.get("queue_policy"),

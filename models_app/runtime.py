@@ -60,6 +60,14 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         help="a lease the web side stops renewing expires after this long (30)",
     )
     parser.add_argument(
+        "--max-wait",
+        type=float,
+        metavar="SECONDS",
+        default=envint("ROUTERPANEL_MAX_WAIT", None, minimum=1),
+        help="longest a request waits in the queue before it is answered 503 with Retry-After, "
+        "overriding the stored setting (default 600)",
+    )
+    parser.add_argument(
         "--queue-policy",
         choices=("fifo", "fair"),
         default=envchoice("ROUTERPANEL_QUEUE_POLICY", ("fifo", "fair")),

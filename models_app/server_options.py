@@ -102,9 +102,3 @@ def program_for(server_bin: str) -> str:
 def catalogue_for(server_bin: str) -> options.Catalogue:
     """Return what a preset whose own server-bin is ``server_bin`` may set."""
     return options_for(program_for(server_bin))
-
-
-def table_for(program: str) -> options.OptionTable:
-    """Return the table to render ``program``'s command line with (b11434's if unreadable)."""
-    found = options_for(program)
-    return found if isinstance(found, options.OptionTable) else options.builtin()

@@ -11,9 +11,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from models_app.models import NodeSettings, Preset, RouterSettings
-from models_app.server_options import table_for
-from routerpanel.router import placement, presets
+from models_app.models import DEFAULT_MAX_WAIT, NodeSettings, Preset, RouterSettings
+from models_app.server_options import options_for
+from routerpanel.router import options, placement, preflight, presets
 from routerpanel.router.config import PresetSpec, RouterConfig
 
 # Programs known to speak llama-server's child protocol (state lines on stdout, exit on stdin).
@@ -27,6 +27,7 @@ class Overrides:
     """Command-line overrides from ``serve``/``runrouter``: they win over stored settings."""
 
     models_max: int | None = None
+    max_wait: float | None = None  # --max-wait: wins over the stored setting
     server_bin: str | None = None
     lease_ttl: float = 30.0
     queue_policy: str | None = None
@@ -57,7 +58,7 @@ def router_config(
         memory_headroom=row.memory_headroom,
         settle_timeout=float(pick("settle_timeout")),
         max_waiters=row.max_waiters or None,
-        max_wait=float(row.max_wait) if row.max_wait else None,
+        max_wait=overrides.max_wait or float(row.max_wait or DEFAULT_MAX_WAIT),
         quarantine_after=row.quarantine_after,
         default_stop_timeout=float(row.default_stop_timeout),
         lease_ttl=overrides.lease_ttl,
@@ -137,7 +138,9 @@ def _spec(
         return sourced(name, definition, global_def, default)[0]
 
     program = presets.program_of(definition.server_bin, global_def, default_bin)
-    argv = presets.render_argv(definition, global_def, default_bin, table_for(program))
+    catalogue = options_for(program)
+    table = catalogue if isinstance(catalogue, options.OptionTable) else options.builtin()
+    argv = presets.render_argv(definition, global_def, default_bin, table)
     env = dict(overrides.extra_env)
     env.update(global_def.env if global_def else ())
     env.update(definition.env)
@@ -158,7 +161,39 @@ def _spec(
         memory_estimate=row.memory_estimate or row.gguf_estimate,
         speaks_child_protocol=speaks_child_protocol(argv),
         nodes=definition.nodes,
+        problem=unknown_option(definition, global_def, program, catalogue),
+        files=preflight.input_files(_file_pairs(definition, global_def)),
     )
+
+
+def _file_pairs(
+    definition: presets.PresetDef, global_def: presets.PresetDef | None
+) -> list[tuple[str, str]]:
+    """The preset's keys with ``[*]``'s under them, and its model (the child reads each)."""
+    merged = dict(global_def.args if global_def else ())
+    merged.update(definition.args)
+    model = definition.model_path or (global_def.model_path if global_def else "")
+    return [("model", model), *merged.items()]
+
+
+def unknown_option(
+    definition: presets.PresetDef,
+    global_def: presets.PresetDef | None,
+    program: str,
+    catalogue: options.Catalogue,
+) -> str | None:
+    """An option of the preset (or of ``[*]``) that its program's ``--help`` does not list: the
+    child would refuse to start, so the router refuses the load before it evicts anyone. The
+    keys were checked when stored; this catches a program changed since (a new server-bin)."""
+    if not isinstance(catalogue, options.OptionTable):
+        return None  # its help could not be read: the keys were accepted unchecked, with a warning
+    for key, _ in (*(global_def.args if global_def else ()), *definition.args):
+        if catalogue.lookup(key) is None and presets.router_flag(key) is None:
+            return (
+                f"option '{key}' is not accepted by {program} (its --help does not list it) "
+                f"(preset {definition.name})"
+            )
+    return None
 
 
 def load_specs(overrides: Overrides = Overrides()) -> tuple[RouterConfig, list[PresetSpec]]:

@@ -446,6 +446,7 @@ class RouterHost:
                 actor=message["actor"],
                 autoload=message["autoload"],
                 priority=message.get("priority", "normal"),
+                patient=bool(message.get("patient", False)),
             )
         except (RouterError, ValueError) as exc:  # an unknown model or priority class
             failed: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()

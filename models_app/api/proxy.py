@@ -162,6 +162,7 @@ async def forward(
             autoload=autoload,
             request_id=router_id,
             priority=request.caller.priority,  # issue 17.5: the fair queue policy reads it
+            patient=waiting.patient(request, streamed),
         )
         if waiting.wanted(request, streamed):
             grant = await waiting.Comments(api, request, model).acquire(acquiring)

@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from models_app.api.request import Request
+from routerpanel.router.blocked import WAIT_HEADER
 from routerpanel.router.catalogue import Event
 from routerpanel.router.receipts import Receipt
 
@@ -67,6 +68,14 @@ def wanted(request: Request, streamed: bool) -> bool:
     if value in _ON:
         return True
     return value not in _OFF and request.caller.queue_comments
+
+
+def patient(request: Request, streamed: bool) -> bool:
+    """Whether this request waits even when no slot can free up while nothing changes (all held
+    by pinned models): ``X-RouterPanel-Wait: 1``, or it asked for queue comments (it watches the
+    wait). Otherwise such a request is answered 503 at once with the reason (blocked.py)."""
+    value = request.headers.get(WAIT_HEADER.encode(), b"").strip().lower()
+    return value in _ON or wanted(request, streamed)
 
 
 def comment(text: str) -> bytes:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from routerpanel.router.backoff import CrashLoop
+from routerpanel.router.blocked import Holder, blocked_reason
 from routerpanel.router.config import PresetSpec, QueuePolicy, RouterConfig, preset_map
 from routerpanel.router.decisions import (
     SCHEDULER_ACTOR,
@@ -174,6 +175,7 @@ class Admission:
             return
         self._settle_timeout(now)
         self._reject_oversized()
+        self._reject_blocked()
         self._ordered = False
         if self._queue.made != self._placed:  # a new entry: give it its place at once
             self._order(now)
@@ -218,6 +220,43 @@ class Admission:
             if budget is not None and need > budget:
                 text = f"model name={entry.model} needs {need} bytes, more than the memory "
                 self._cancel_entry(entry.model, 500, "server_error", f"{text}budget ({budget})")
+
+    def _blocked(self, name: str, running: list[Holder] | None = None) -> str | None:
+        """Why a request for ``name`` would wait without an end (blocked.py), or None."""
+        holders = self._holding() if running is None else running
+        return blocked_reason(name, holders, self._config.models_max)
+
+    def _holding(self) -> list[Holder]:
+        """The running models and what keeps each (one pass over the table)."""
+        return [
+            Holder(m.spec.name, "" if m.stopping else self._kept(m))
+            for m in self._models.values()
+            if m.state in RUNNING
+        ]
+
+    def _kept(self, m: ModelRecord) -> str:
+        if m.state is STUCK:
+            return "stuck"
+        if m.spec.name in self._reserved:
+            return "reserved"
+        return "pinned" if m.spec.pinned else ""
+
+    def _reject_blocked(self) -> None:
+        """Waiters that were queued before every slot became held (a pin, a reservation) and
+        did not ask to wait: answered now rather than at max wait (8b)."""
+        if self._config.models_max <= 0 or not self._queue:
+            return
+        running = self._holding()
+        if len(running) < self._config.models_max or any(not h.kept for h in running):
+            return  # the usual case: a slot is free or can be freed
+        for entry in list(self._queue):
+            if self._models[entry.model].state in RUNNING or entry.restart_by is not None:
+                continue
+            impatient = [w for w in entry.waiters if not w.patient]
+            if impatient and (why := self._blocked(entry.model, running)):
+                for w in impatient:
+                    self._queue.leave(w.request_id)
+                    self._reject(w, entry.model, 503, "unavailable_error", why)
 
     def _serve_entry(self, entry: Entry, now: float) -> None:
         m = self._models[entry.model]

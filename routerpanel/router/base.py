@@ -24,6 +24,8 @@ from routerpanel.router.catalogue import Event
 from routerpanel.router.config import PresetSpec, RouterConfig, preset_map
 from routerpanel.router.facts import Facts
 from routerpanel.router.feed import Feed
+from routerpanel.router.preflight import Preflight
+from routerpanel.router.preflight import check as preflight_check
 from routerpanel.router.scheduler import Scheduler
 from routerpanel.router.states import RUNNING
 from routerpanel.router.timer import Timer
@@ -47,6 +49,7 @@ class EngineBase:
         supervisor_factory: Callable[[Post], supervisor.Supervisor] | None = None,
         router_port: int = 0,
         prober: Prober = probe.read_slots,
+        preflight: Preflight = preflight_check,
     ) -> None:
         self._config = config
         self._specs = preset_map(presets)
@@ -71,6 +74,8 @@ class EngineBase:
         self._timer = Timer(clock, self._post)
         self._watchdog = watchdog.Watchdog()
         self._prober = prober
+        self._preflight = preflight
+        self._cannot_start: dict[str, str] = {}  # model -> why, from its latest preflight
         self._hangs: dict[str, dict[str, Any]] = {}  # model -> the verdict's facts, until killed
         self._tickets: set[int] = set()  # queue entries already published (queue.changed)
         self._probes: set[asyncio.Task[None]] = set()

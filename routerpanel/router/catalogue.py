@@ -30,6 +30,7 @@ class Event(StrEnum):
     MODEL_EXITED = "model.exited"
     MODEL_STUCK = "model.stuck"
     MODEL_BACKOFF = "model.backoff"
+    MODEL_REFUSED = "model.refused"  # a load that cannot start was refused before any eviction
     QUEUE_CHANGED = "queue.changed"
     QUEUE_CANCELLED = "queue.cancelled"
     LEASE_EXPIRED = "lease.expired"
@@ -198,6 +199,17 @@ class MemorySettledData(TypedDict):
     waited: float
     by: str
     available: int | None
+
+
+class ModelRefusedData(TypedDict):
+    """A request or load for a model that cannot start (preflight.py) was answered 503 at once:
+    nobody was evicted for it."""
+
+    model: str
+    reason: str  # what is missing, naming it and the preset
+    actor: str
+    request_id: str
+    kind: str  # "request" or "load"
 
 
 class PresetsReloadedData(TypedDict):

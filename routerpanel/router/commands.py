@@ -34,6 +34,7 @@ class Acquire:
     future: asyncio.Future[Lease | None]
     renewable: bool = True  # False: a caller in this process, whose lease never expires
     priority: str = "normal"  # the key's priority class (queue_policy fair, issue 17.5)
+    patient: bool = False  # wait even when no slot can free up (blocked.py)
 
 
 @dataclass(frozen=True)

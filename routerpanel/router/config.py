@@ -80,6 +80,8 @@ class PresetSpec:
     memory_estimate: int | None = None
     speaks_child_protocol: bool = True
     nodes: tuple[str, ...] = ()
+    problem: str | None = None  # why it cannot start, as the adapter found (preflight.py)
+    files: tuple[tuple[str, str], ...] = ()  # (option key, path) of the files it reads at start
 
     def __post_init__(self) -> None:
         owner = f"preset {self.name!r}"

@@ -155,6 +155,7 @@ class WaiterView:
     actor: str
     since: float
     priority: Priority = Priority.NORMAL
+    patient: bool = False  # it asked to wait even when no slot can free up (blocked.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from routerpanel.router.config import PresetSpec, RouterConfig, startup_loads
 from routerpanel.router.errors import Lease, RouterError, unavailable
 from routerpanel.router.feed import EngineEvent, Subscription
 from routerpanel.router.inbox import Inbox
-from routerpanel.router.states import RUNNING
+from routerpanel.router.states import RUNNING, ModelState
 from routerpanel.router.timer import sample_memory
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class Engine(Inbox):
             leftovers = await asyncio.to_thread(supervisor.reap_leftovers, self._state_file)
             if removed := self._supervisor.remove_stale_keys():
                 log.info("removed %d child key files a previous router left", removed)
+        await self._check_all()
         self._loop_task = asyncio.create_task(self._run(), name="router engine")
         self._tasks.append(asyncio.create_task(self._timer.run(), name="router timer"))
         if self._memory_interval:
@@ -90,11 +91,13 @@ class Engine(Inbox):
         autoload: bool = True,
         renewable: bool = True,
         priority: str = "normal",
+        patient: bool = False,
     ) -> Lease:
         """Wait in the model's queue entry (A2) until granted; raise RouterError if rejected.
 
         ``priority`` (low, normal, high: the API key's class) orders entries under the ``fair``
-        queue policy; an unknown class raises ValueError.
+        queue policy; an unknown class raises ValueError. ``patient``: wait even when every
+        slot is held by a model only an operator can stop (else 503 at once, blocked.py).
 
         Cancelling the awaiting task makes the waiter leave (A7) or releases a fresh grant;
         ``cancel(request_id)`` from elsewhere makes it raise RouterError 499. A caller in this
@@ -102,7 +105,7 @@ class Engine(Inbox):
         """
         future = self.acquire_soon(
             model, request_id=request_id, actor=actor, autoload=autoload, renewable=renewable,
-            priority=priority,
+            priority=priority, patient=patient,
         )  # fmt: skip
         try:
             return await future
@@ -147,6 +150,7 @@ class Engine(Inbox):
         autoload: bool = True,
         renewable: bool = True,
         priority: str = "normal",
+        patient: bool = False,
     ) -> asyncio.Future[Lease]:
         """``acquire`` without a coroutine: the request is submitted now, and when the inbox is
         idle it is decided now too, so the future may be done when this returns (a grant on a
@@ -156,11 +160,14 @@ class Engine(Inbox):
         calls ``cancel(request_id)`` (A7: it leaves the queue, or its grant is released).
         """
         name = self._require(model, 400, "invalid_request_error")  # open, or RouterError
+        self._refuse_unstartable(name, actor, request_id, "request")
         klass = decisions.priority_of(priority)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         kind = decisions.RequestKind.PROXY
         self._submit(
-            commands.Acquire(request_id, name, actor, kind, autoload, future, renewable, klass)
+            commands.Acquire(
+                request_id, name, actor, kind, autoload, future, renewable, klass, patient
+            )
         )  # at once when the inbox is empty (Inbox._submit)
         return future
 
@@ -218,6 +225,8 @@ class Engine(Inbox):
         """
         name = self._require(model, 404, "not_found_error")
         load_id = f"load-{uuid.uuid4().hex}"
+        if not self._runs(name):  # a running one answers 400 (already running) as before
+            self._refuse_unstartable(name, actor, load_id, "load")
         await self._load_request(name, load_id, actor)
 
     async def unload(self, model: str, *, actor: str = "") -> None:
@@ -245,7 +254,9 @@ class Engine(Inbox):
     ) -> dict[str, list[str]]:
         """Reconcile with new presets (A14); restart only running models whose command changed."""
         result: asyncio.Future[dict[str, list[str]]] = self._future()
-        return await self._call(commands.Reload(tuple(presets), actor, result), result)
+        changes = await self._call(commands.Reload(tuple(presets), actor, result), result)
+        await self._check_all()
+        return changes
 
     async def update_settings(self, config: RouterConfig, *, actor: str = "") -> None:
         """Apply new limits: more slots are claimed at once, fewer shrink to the cap (A5)."""
@@ -284,6 +295,30 @@ class Engine(Inbox):
         view = self._scheduler.model(name)
         return view.state in RUNNING and not view.stopping
 
+    def _refuse_unstartable(self, name: str, actor: str, request_id: str, kind: str) -> None:
+        """Raise 503 at once, before the request joins the queue and anyone is evicted for it,
+        when the model is not running and cannot start (its program or a file it names is
+        missing: preflight.py). A model that runs needs no start: nothing is checked."""
+        if self._runs(name) or self._scheduler.model(name).state is ModelState.LOADING:
+            return
+        spec = self._specs[name]
+        problem = self._preflight(spec)
+        if problem is None:
+            self._cannot_start.pop(name, None)
+            return
+        self._cannot_start[name] = problem
+        data = {"model": name, "reason": problem, "actor": actor or "anonymous",
+                "request_id": request_id, "kind": kind}  # fmt: skip
+        self.note(Event.MODEL_REFUSED, data)
+        raise RouterError(503, "unavailable_error", problem)
+
+    async def _check_all(self) -> None:
+        """Run the preflight of every preset (in a thread: a few stat calls each), so a model
+        that cannot start says so on its card before anyone asks for it."""
+        specs = list(self._specs.values())
+        found = await asyncio.to_thread(lambda: {s.name: self._preflight(s) for s in specs})
+        self._cannot_start = {name: why for name, why in found.items() if why is not None}
+
     async def _load_reserved(self, name: str) -> None:
         try:
             await self.load(name, actor=RESERVATION_ACTOR)
@@ -300,6 +335,8 @@ class Engine(Inbox):
         use = self._scheduler.recent_use(self._clock())  # issue 17.5: who used it lately
         policy = {"policy": self._config.queue_policy.value, "recent_use": use}
         reserved = {name: sorted(o) for name, o in sorted(self._scheduler.reservations().items())}
+        for entry in snap["models"]:
+            entry["cannot_start"] = self._cannot_start.get(entry["name"])
         return snap | {"queue_policy": policy, "reservations": reserved}
 
     def status(self) -> dict[str, Any]:

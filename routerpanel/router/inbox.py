@@ -130,7 +130,13 @@ class Inbox(HangWatch):
         self._callers.wait(cmd, now)
         request, actor = cmd.request_id, cmd.actor or "anonymous"
         out = self._scheduler.request_arrived(
-            request, cmd.model, now=now, actor=actor, kind=cmd.kind, priority=cmd.priority
+            request,
+            cmd.model,
+            now=now,
+            actor=actor,
+            kind=cmd.kind,
+            priority=cmd.priority,
+            patient=cmd.patient,
         )
         self._apply(out)
 

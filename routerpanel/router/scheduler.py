@@ -137,8 +137,10 @@ class Scheduler(Admission):
         actor: str = "anonymous",
         kind: RequestKind = RequestKind.PROXY,
         priority: Priority | str = Priority.NORMAL,
+        patient: bool = False,
     ) -> list[Decision]:
-        """Admit, queue or reject one request; ``priority`` is its key's class (fair policy).
+        """Admit, queue or reject one request; ``priority`` is its key's class (fair policy);
+        ``patient``: it waits even when no slot can free up (8b).
 
         (1) Unknown (or removed) model: 400 ``model '<x>' not found``; a load gets 404.
         (2) Shutting down: 503.
@@ -150,11 +152,13 @@ class Scheduler(Admission):
              with Retry-After until the back-off ends (backoff.py).
         (7) Loaded or sleeping, not stopping, not draining: Grant at once (A1, A12).
         (8) The model's entry already has max_waiters: 503 with Retry-After (A8).
+        (8b) Every slot is held by a model only an operator can stop (pinned, reserved, stuck)
+             and the request is not patient: 503 at once with the reason (blocked.py).
         (9) Otherwise join the model's entry, at the tail if new (A2); admission follows.
         """
         if self._queue.holds(request_id) or request_id in self._granted:
             raise ValueError(f"request id {request_id!r} is already in use")
-        waiter = WaiterView(request_id, kind, actor, now, priority_of(priority))
+        waiter = WaiterView(request_id, kind, actor, now, priority_of(priority), patient)
         m = self._models.get(model)
         if m is not None and self._grants_at_once(m, kind):  # (7) on an empty queue
             self._begin(queue_empty=True)
@@ -237,6 +241,8 @@ class Scheduler(Admission):
         if entry is not None and limit is not None and len(entry.waiters) >= limit:  # (8) A8
             text = f"too many requests are waiting for model name={name} (max_waiters={limit})"
             return self._reject(w, name, 503, "unavailable_error", text, RETRY_AFTER)
+        if not w.patient and m.state not in RUNNING and (why := self._blocked(name)):  # (8b)
+            return self._reject(w, name, 503, "unavailable_error", why)
         self._queue.join(w, name, now)  # (9) A2
 
     def request_finished(self, request_id: str, *, now: float) -> list[Decision]:

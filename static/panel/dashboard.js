@@ -94,6 +94,7 @@
     setText(el, "stop_timeout", m.stop_timeout === null || m.stop_timeout === undefined ? "—" : `${Math.round(m.stop_timeout)} s`);
     setText(el, "last_exit", exitText(m.last_exit));
     renderBackoff(el, m);
+    renderCannotStart(el, m);
     const line = field(el, "lastline");
     line.hidden = !(m.note || (state === "loading" && m.lastline));
     line.textContent = m.note || m.lastline || "";
@@ -145,6 +146,13 @@
       bar.value = Math.round(value * 100);
       setText(el, "progress-text", `${Math.round(value * 100)}%`);
     }
+  }
+
+  // A model whose program or files are missing is refused before anyone is evicted for it.
+  function renderCannotStart(el, m) {
+    const down = !["loading", "loaded", "sleeping"].includes(m.state);
+    show(el, "cannot_start", !!(m.cannot_start && down));
+    if (m.cannot_start) setText(el, "cannot_start", `Cannot start: ${m.cannot_start}`);
   }
 
   // A crash loop holds the next start back: say why and count down (backoff.until is wall time).
@@ -398,6 +406,11 @@
       render(m);
       scheduleRefresh();
     },
+    [EVENTS.MODEL_REFUSED](d) {
+      const m = model(d.model);
+      m.cannot_start = d.reason;
+      render(m);
+    },
     [EVENTS.MODEL_BACKOFF](d) {
       const m = model(d.model);
       m.backoff = { until: d.until, strikes: d.strikes, reason: d.reason };
@@ -526,7 +539,7 @@
       limit.dataset.field = "queue-limit";
       whyCell.append(reason, " ", limit);
       const eta = (models.get(entry.model) || {}).load_seconds;
-      if (eta) {
+      if (eta && reasonOf(entry).status !== "blocked") {
         const small = document.createElement("small");
         small.className = "muted eta";
         small.title = "how long its last load took";
@@ -586,7 +599,9 @@
       if (pinned) help.push(`unpin ${pinned === 1 ? "it" : "them"}`);
       if (!pinned && holds.some(([, kind]) => kind === "busy")) help.push("wait for a request to finish");
       help.push("raise Max running models");
-      return result("waiting", `waiting for a slot: ${holds.map(([text]) => text).join(", ")} — ${help.join(" or ")}`);
+      // Every slot pinned: nothing frees one until an operator acts, so no ETA is promised.
+      const status = pinned === holds.length ? "blocked" : "waiting";
+      return result(status, `waiting for a slot: ${holds.map(([text]) => text).join(", ")} — ${help.join(" or ")}`);
     }
     const ahead = Number(entry.position || 1) - 1;
     if (ahead > 0) return result("waiting", `waiting behind ${ahead} earlier ${ahead === 1 ? "entry" : "entries"}`);

@@ -84,6 +84,27 @@ class TestDashboard:
         text = viewer_client.get("/").content.decode()
         assert "for 1 min 1" in card(text, "demo-small")  # 75 s, or 76 on a slow machine
 
+    def test_a_card_says_why_its_model_cannot_start(
+        self, viewer_client: Client, stub: RouterStub
+    ) -> None:
+        why = "llama-server not found: /opt/llama/bin/llama-server (preset demo-medium)"
+        stub.models[2]["cannot_start"] = why
+        stub.models[0]["cannot_start"] = "model file not found: /m/x.gguf (preset demo-small)"
+        text = viewer_client.get("/").content.decode()
+        medium = card(text, "demo-medium")
+        assert f'data-field="cannot_start" role="status" >Cannot start: {why}<' in medium
+        small = card(text, "demo-small")  # it runs: an older check says nothing of it now
+        assert 'data-field="cannot_start" role="status" hidden>' in small
+
+    def test_no_load_time_is_promised_while_only_an_operator_can_free_a_slot(
+        self, operator_client: Client, stub: RouterStub
+    ) -> None:
+        stub.models[1] = model_row("demo-large", "loaded", pinned=True)  # both slots pinned
+        text = operator_client.get("/").content.decode()
+        entry = text[text.index('<tr class="queue-entry" data-model="demo-medium">') :]
+        entry = entry[: entry.index("</tr>")]
+        assert ">blocked<" in entry and "loads in" not in entry
+
     def test_a_viewer_gets_no_action_buttons(self, viewer_client: Client, stub: RouterStub) -> None:
         text = viewer_client.get("/").content.decode()
         assert 'name="action"' not in text and "/actions/model/" not in text

@@ -19,7 +19,7 @@ def body(**fields: Any) -> dict[str, Any]:
     row = RouterSettings.load()
     values = {
         "models_max": row.models_max, "memory_budget": "", "memory_headroom": "",
-        "settle_timeout": row.settle_timeout, "max_waiters": "", "max_wait": "",
+        "settle_timeout": row.settle_timeout, "max_waiters": "", "max_wait": row.max_wait,
         "queue_policy": row.queue_policy,
         "default_stop_timeout": row.default_stop_timeout,
         "default_hang_timeout": row.default_hang_timeout,
@@ -57,6 +57,15 @@ def test_saving_unchanged_settings_writes_no_audit_row(
     response = admin_client.post("/settings/", body(), follow=True)
     assert "Nothing changed." in response.content.decode()
     assert not AuditEvent.objects.exists() and not panel_router.of_kind("settings")
+
+
+def test_every_request_keeps_an_end_max_wait_cannot_be_emptied(
+    admin_client: Client, panel_router: RouterStub
+) -> None:
+    assert RouterSettings.load().max_wait == 600  # the default: ten minutes
+    response = admin_client.post("/settings/", body(max_wait=""))
+    assert "This field is required." in response.content.decode()
+    assert RouterSettings.load().max_wait == 600 and not panel_router.of_kind("settings")
 
 
 def test_a_budget_too_small_for_a_preset_or_its_headroom_is_refused(

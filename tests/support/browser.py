@@ -198,12 +198,14 @@ def wait_state(page: Any, model: str, state: str) -> None:
 
 
 def chat_as(server: PanelServer, model: str, request_id: str, tokens: int = 2) -> tuple[int, Any]:
-    """A chat completion with our own X-Request-Id (the id the queue shows and cancels)."""
+    """A chat completion with our own X-Request-Id (the id the queue shows and cancels), that
+    waits in the queue even behind pinned models (X-RouterPanel-Wait: the tests look at it)."""
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens}
+    headers = {"Content-Type": "application/json", "X-Request-Id": request_id,
+               "X-RouterPanel-Wait": "1"}  # fmt: skip
     request = urllib.request.Request(
-        f"{server.url}/v1/chat/completions", json.dumps(body).encode(),
-        {"Content-Type": "application/json", "X-Request-Id": request_id},
-    )  # fmt: skip
+        f"{server.url}/v1/chat/completions", json.dumps(body).encode(), headers
+    )
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, json.loads(response.read())

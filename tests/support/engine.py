@@ -17,6 +17,8 @@ from routerpanel.router.base import Prober
 from routerpanel.router.catalogue import Event
 from routerpanel.router.config import PresetSpec, RouterConfig
 from routerpanel.router.engine import Engine, EngineEvent, Lease
+from routerpanel.router.preflight import Preflight
+from routerpanel.router.preflight import never as preflight_never
 from routerpanel.router.supervisor import (
     ChildExited,
     ChildInfo,
@@ -162,6 +164,7 @@ async def make(
     start: bool = True,
     clock: FakeClock | None = None,
     prober: Prober | None = None,
+    preflight: Preflight = preflight_never,
     **config: Any,
 ) -> tuple[Engine, FakeSupervisor, FakeClock]:
     """An engine over a fake supervisor and clock (``config``: RouterConfig's fields)."""
@@ -176,7 +179,7 @@ async def make(
     probing = {"prober": prober} if prober is not None else {}
     engine = Engine(
         RouterConfig(**config), specs, memory_interval=None, clock=clock,
-        supervisor_factory=factory, **probing,
+        supervisor_factory=factory, preflight=preflight, **probing,
     )  # fmt: skip
     if start:
         await engine.start()

@@ -212,6 +212,10 @@ class LiveChildSampler:
         self._stop.set()
         self._thread.join(10)
 
+    def sample_enough(self, timeout: float = 30) -> None:
+        """Wait until it has taken enough samples for ``saw`` (a quick test ends sooner)."""
+        wait_until(lambda: self.samples >= self.MIN_SAMPLES, timeout, "enough child samples")
+
     def saw(self) -> tuple[int, set[str]]:
         """Return (the peak of live children, the models seen); fail unless it really sampled."""
         assert self.samples >= self.MIN_SAMPLES, f"the sampler took only {self.samples} samples"

@@ -431,6 +431,66 @@ class TestGrantQueueEvict:
         assert h.sup.calls.count(("kill", "a")) == 2  # again, once it existed
 
 
+class TestALoadThatCannotStart:
+    """Check before you evict (issue 44.1): a model whose program or files are missing is
+    refused before its request joins the queue, so nobody is evicted for it."""
+
+    @staticmethod
+    def missing(*names: str) -> Any:
+        def preflight(spec: PresetSpec) -> str | None:
+            if spec.name in names:
+                return f"llama-server not found: /opt/llama/bin/llama-server (preset {spec.name})"
+            return None
+
+        return preflight
+
+    async def test_it_is_refused_at_once_and_evicts_nobody(self) -> None:
+        engine, sup, _ = await make("a", "b", "c", models_max=2, preflight=self.missing("c"))
+        h = Harness(engine, sup, FakeClock())
+        sub = engine.subscribe(maxsize=1000)
+        try:
+            await h.warm("a", "b")
+            with pytest.raises(RouterError) as refused:
+                await engine.acquire("c", request_id="r-c", actor="alice")
+            assert refused.value.status == 503
+            assert refused.value.message == (
+                "llama-server not found: /opt/llama/bin/llama-server (preset c)"
+            )
+            with pytest.raises(RouterError):
+                await engine.load("c", actor="ops")
+            await h.idle()
+            assert sup.stopped() == sup.killed() == [] and sup.spawned() == ["a", "b"]
+            assert engine.snapshot()["queue"] == []
+            c = next(m for m in engine.snapshot()["models"] if m["name"] == "c")
+            assert c["cannot_start"] == refused.value.message
+            events = [e for e in sub.take(1000) if e.type == Event.MODEL_REFUSED]
+            assert [(e.data["actor"], e.data["kind"]) for e in events] == [
+                ("alice", "request"),
+                ("ops", "load"),
+            ]
+        finally:
+            await shut_down(h)
+
+    async def test_a_running_model_is_not_checked_again(self) -> None:
+        checked: list[str] = []
+
+        def preflight(spec: PresetSpec) -> str | None:
+            checked.append(spec.name)
+            return None
+
+        engine, sup, _ = await make("a", models_max=2, preflight=preflight)
+        h = Harness(engine, sup, FakeClock())
+        try:
+            checked.clear()  # the start checks every preset once
+            await h.warm("a")
+            assert checked == ["a"]  # the load
+            lease = await engine.acquire("a", request_id="r1")
+            engine.release(lease.lease_id)
+            assert checked == ["a"]  # a request for a loaded model: no check
+        finally:
+            await shut_down(h)
+
+
 class TestExitsAndUnload:
     async def test_unload_stops_the_model_and_its_exit_is_a_clean_unload(self, h: Harness) -> None:
         await h.warm("a")
@@ -615,7 +675,7 @@ class TestEvents:
             "in_flight", "holders", "last_used", "loaded_at", "load_seconds", "queue_position",
             "queue_waiters", "memory",
             "pinned", "stop_timeout", "hang_timeout", "nodes", "backoff", "exit_code", "last_exit",
-            "args", "info", "progress",
+            "args", "info", "progress", "cannot_start",
         }  # fmt: skip
         assert (a["port"], a["in_flight"], a["info"]) == (lease.port, 1, {"id": "a"})
         port = str(h.sup.port("a"))

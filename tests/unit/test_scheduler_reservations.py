@@ -33,15 +33,41 @@ class TestR1Pinned:
         s.set_reservations({"big": {ALICE}}, now=2)
         assert stopped(s.request_arrived("r1", "x", now=3)) == ["a"]  # big is older: pinned
 
-    def test_with_only_reserved_models_idle_the_request_waits_and_max_wait_still_applies(
+    def test_with_only_reserved_models_a_request_is_answered_at_once_with_the_reason(
+        self,
+    ) -> None:
+        """(8b): no release, exit or eviction can free a slot: no wait without an end."""
+        s = sched("big", "x", models_max=1, max_wait=10.0)
+        warm(s, "big", now=0)
+        s.set_reservations({"big": {ALICE}}, now=1)
+        decisions = s.request_arrived("r1", "x", now=2)
+        assert stopped(decisions) == []
+        (reject,) = of(Reject, decisions)
+        assert (reject.request_id, reject.status, reject.retry_after) == ("r1", 503, None)
+        assert reject.message == (
+            "model name=x cannot start while nothing changes: all 1 slots are held (big is "
+            "reserved); unpin one or raise models_max, or send X-RouterPanel-Wait: 1 to wait"
+        )
+        assert s.queue() == ()
+
+    def test_a_patient_request_waits_for_the_reserved_models_and_max_wait_still_applies(
         self,
     ) -> None:
         s = sched("big", "x", models_max=1, max_wait=10.0)
         warm(s, "big", now=0)
         s.set_reservations({"big": {ALICE}}, now=1)
-        assert stopped(s.request_arrived("r1", "x", now=2)) == []
+        assert stopped(s.request_arrived("r1", "x", now=2, patient=True)) == []
+        assert of(Reject, s.tick(now=11)) == []
         (reject,) = of(Reject, s.tick(now=12))
         assert (reject.request_id, reject.status) == ("r1", 503)
+
+    def test_a_waiting_request_is_answered_when_a_reservation_blocks_every_slot(self) -> None:
+        s = sched("big", "a", "x", models_max=1)
+        warm(s, "big", now=0)
+        s.request_arrived("busy", "big", now=1)  # big is busy: x waits for it
+        assert of(Reject, s.request_arrived("r1", "x", now=2)) == []
+        (reject,) = of(Reject, s.set_reservations({"big": {ALICE}}, now=3))
+        assert reject.request_id == "r1" and "big is reserved" in reject.message
 
     def test_the_end_of_the_reservation_makes_it_evictable_at_once_for_a_waiting_entry(
         self,
@@ -49,7 +75,7 @@ class TestR1Pinned:
         s = sched("big", "x", models_max=1)
         warm(s, "big", now=0)
         s.set_reservations({"big": {ALICE}}, now=1)
-        assert stopped(s.request_arrived("r1", "x", now=2)) == []
+        assert stopped(s.request_arrived("r1", "x", now=2, patient=True)) == []
         (stop,) = of(Stop, s.set_reservations({}, now=3))
         assert (stop.model, stop.reason) == ("big", StopReason.EVICTION)
 
