@@ -324,6 +324,17 @@ def _validate_aliases(value: Any) -> None:
             raise ValidationError(f"Alias {alias!r} is empty or contains ',', ';' or '#'.")
 
 
+class ConfigChange(models.Model):
+    """A counter the database itself raises on every change to presets, router settings and node
+    settings, whoever makes it: the panel, ``import_presets``, the Django admin, another web
+    process, a script, a plain SQL ``UPDATE`` (triggers, migration 0021). Every router reads it
+    twice a second (``config_watch.py``) and reloads when it moved: the database is the one
+    source of truth, and no router polls whole tables. One row, id 1, made by the first change.
+    """
+
+    version = models.BigIntegerField(default=0)
+
+
 class NodeSettings(models.Model):
     """Several hosts (issue 18): one node's own capacity, over the router settings' values.
 

@@ -29,6 +29,7 @@ from django.conf import settings
 
 from models_app import bridge, liveness, nodes, specs
 from models_app.audit_writer import AuditWriter, new_router_id
+from models_app.config_watch import ConfigWatch, read_version
 from models_app.messages import (
     CALL_TYPES,
     GIVING_BACK,
@@ -139,6 +140,9 @@ class RouterHost:
         global _host
         self.loop = asyncio.get_running_loop()
         self.started_at = time.time()  # messages sent before this were for an earlier router
+        # The counter before the presets are read: a change made while they are read is seen.
+        self.config_watch = ConfigWatch(self.reload_from_database)
+        self.config_watch.version = await sync_to_async(read_version)()
         config, presets = await sync_to_async(specs.load_specs)(self.overrides)
         self.engine = Engine(config, presets, state_file=self.state_file)
         # Issue 5: the audit log and the metrics are listeners; the writer stores rows from a
@@ -172,8 +176,17 @@ class RouterHost:
             self._spawn(self._beat.run())
             if self.overrides.node:  # placement reads the beat: tell state changes at once
                 self.add_listener(self._poke_beat)
+        self._spawn(self.config_watch.run())
         _host = self
         bridge.register_local(self)
+
+    async def reload_from_database(self, actor: str) -> None:
+        """Take the presets and settings as the database has them now (config_watch.py): new
+        limits at once, presets reconciled as a reload does (A14)."""
+        config, presets = await sync_to_async(specs.load_specs)(self.overrides)
+        if config != self._engine.config:
+            await self._engine.update_settings(config, actor=actor)
+        await self._engine.reload(presets, actor=actor)
 
     @property
     def channel(self) -> str:
