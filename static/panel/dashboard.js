@@ -615,7 +615,8 @@
   function cardReason(el, name) {
     const entry = queue.find((e) => e.model === name);
     const reason = entry ? reasonOf(entry) : null;
-    const waiting = !!entry && !entry.starting && !entry.restart && reason.status === "waiting";
+    const waiting = !!entry && !entry.starting && !entry.restart &&
+      (reason.status === "waiting" || reason.status === "blocked");
     show(el, "queued", waiting);
     setText(el, "queue-pos", waiting ? String(entry.position) : "");
     const line = field(el, "queue-reason");

@@ -22,7 +22,7 @@ from tests.support.asgi import AsgiClient, django_stand_in
 
 CHANGE_SETTINGS = {
     "models_max": "2", "memory_headroom": "0", "settle_timeout": "10", "max_waiters": "",
-    "max_wait": "", "queue_policy": "fifo", "default_stop_timeout": "10",
+    "max_wait": "600", "queue_policy": "fifo", "default_stop_timeout": "10",
     "default_hang_timeout": "60",
     "quarantine_after": "3",
     "server_binary": "llama-server", "global_args": "[]", "memory_budget": "",

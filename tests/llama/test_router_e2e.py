@@ -535,10 +535,28 @@ def test_the_sse_exit_code_of_a_force_killed_child_is_not_0(router: Callable[...
         assert data == {"status": "unloaded", "exit_code": 1}
 
 
-def test_a_missing_model_file_fails_then_is_quarantined(
+def test_a_missing_model_file_is_refused_before_any_child_starts(
     router: Callable[..., Any], tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    models = {"tiny": tiny_models["tiny"], "bogus": tmp_path / "no-such-model.gguf"}
+    missing = tmp_path / "no-such-model.gguf"
+    with router({"tiny": tiny_models["tiny"], "gone": missing}, models_max=1) as r:
+        assert r.chat("tiny").status_code == 200
+        spawned = len(r.watch.seen)
+        response = r.chat("gone")
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["message"] == (
+            f"model file not found: {missing} (preset gone)"
+        )
+        assert len(r.watch.seen) == spawned  # no child, and tiny was not evicted for it
+        assert r.entry("tiny")["status"]["value"] == "loaded"
+
+
+def test_a_model_file_that_does_not_load_fails_then_is_quarantined(
+    router: Callable[..., Any], tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + b"\xff" * 64)  # there and readable: only llama-server can tell
+    models = {"tiny": tiny_models["tiny"], "bogus": corrupt}
     with router(models, models_max=2) as r:
         for attempt in range(1, QUARANTINE_AFTER + 1):
             response = r.chat("bogus")
