@@ -23,6 +23,8 @@ earlier versions is read the same way.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -60,13 +62,23 @@ class Journal:
         self.current: Path | None = None
         self._size = 0
         self.appended = 0  # records written
+        # Records a write could not take (a full disk, EIO, a read-only data dir), oldest first:
+        # kept in memory and written before anything newer once the disk takes them again.
+        self._backlog: list[bytes] = []
+        self.problem: str | None = None  # why the last write failed, while it fails
+
+    @property
+    def backlogged(self) -> int:
+        """Records waiting in memory for the disk."""
+        return sum(chunk.count(b"\n") for chunk in self._backlog)
 
     def append(
         self,
         records: Iterable[dict[str, Any]],
         pending: Callable[[], Iterable[tuple[Row, list[str]]]] = list,
     ) -> None:
-        """Write records now (one ``write``); rotate first if the segment is full.
+        """Write records now (one ``write``); rotate first if the segment is full. A write
+        that fails keeps them, in order, for ``retry`` (never raises: the router goes on).
 
         ``pending()``: the rows still waiting, copied into a new segment when rotating.
         """
@@ -74,26 +86,62 @@ class Journal:
         if not data:
             return
         with self._lock:
+            self._backlog.append(data)
+            self._write(pending)
+
+    def retry(self, pending: Callable[[], Iterable[tuple[Row, list[str]]]] = list) -> bool:
+        """Write what the backlog holds; True when nothing is left in memory."""
+        with self._lock:
+            if self._backlog:
+                self._write(pending)
+            return not self._backlog
+
+    def _write(self, pending: Callable[[], Iterable[tuple[Row, list[str]]]]) -> None:
+        data = b"".join(self._backlog)
+        try:
             if self._fd is None or self._size >= self.segment_bytes:
                 self._rotate(pending())
             assert self._fd is not None
-            os.write(self._fd, data)
-            self._size += len(data)
-            self.appended += data.count(b"\n")
+            written = os.write(self._fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, "a short write: the disk is full")
+        except OSError as exc:
+            self._undo_partial()
+            if self.problem is None:
+                log.warning("audit journal: %s; rows wait in memory until it can be written", exc)
+            self.problem = f"could not write the audit journal: {exc.strerror or exc}"
+            return
+        self._size += len(data)
+        self.appended += data.count(b"\n")
+        self._backlog.clear()
+        if self.problem is not None:
+            log.warning("audit journal: written again; no row was lost")
+            self.problem = None
+
+    def _undo_partial(self) -> None:
+        """Cut a partly written record off the segment: the next write starts on a line."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):  # shrinking a file needs no space
+                os.ftruncate(self._fd, self._size)
 
     def _rotate(self, pending: Iterable[tuple[Row, list[str]]]) -> None:
-        if self._fd is None:
-            pending = ()  # the boot's first segment: nothing was journaled before it
-        else:
-            os.close(self._fd)
+        """Start a new segment; the old one stays current if the new one cannot be made."""
+        rows = () if self._fd is None else pending  # the boot's first segment: nothing before
         name = f"{time.time_ns():020d}-{_UNSAFE.sub('_', self.boot)}.jsonl"
-        self.current = self.directory / name
-        self._fd = os.open(self.current, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._size = 0
-        header = b"".join(_dumps({"p": row, "w": list(waiting)}) for row, waiting in pending)
-        if header:
-            os.write(self._fd, header)
-            self._size += len(header)
+        path = self.directory / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        header = b"".join(_dumps({"p": row, "w": list(waiting)}) for row, waiting in rows)
+        try:
+            if header and os.write(fd, header) != len(header):
+                raise OSError(errno.ENOSPC, "a short write: the disk is full")
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd, self.current, self._size = fd, path, len(header)
 
     def close(self) -> None:
         with self._lock:

@@ -264,7 +264,8 @@ class AuditMapper:
         self._emit(
             _row(
                 seq, t, AuditKind.OUTAGE, actor="router",
-                reason=f"{d.get('service')} was unreachable for {d.get('seconds', 0):.1f} s; "
+                reason=f"{d.get('service')} {d.get('how') or 'was unreachable'} for "
+                f"{d.get('seconds', 0):.1f} s; "
                 f"{d.get('effect') or 'the router kept serving'}",
                 details=dict(d),
             )

@@ -46,6 +46,7 @@ __all__ = [
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
+JOURNAL_RETRY = 1.0  # seconds between two tries to write rows the journal could not take
 
 _LIMITS = {
     "kind": 32, "model": 200, "from_state": 16, "to_state": 16, "actor": 200, "reason": 500,
@@ -128,6 +129,7 @@ class AuditWriter:
         legacy_spool: Path | None = None,
         segment_bytes: int | None = None,
         on_outage_over: Callable[[float], None] | None = None,
+        on_journal_back: Callable[[float, int], None] | None = None,
         node: str = "",
     ) -> None:
         self.router_id = router_id or new_router_id()
@@ -148,7 +150,9 @@ class AuditWriter:
         self.retry_interval = retry_interval
         self.max_retry_interval = max_retry_interval
         self.on_outage_over = on_outage_over
+        self.on_journal_back = on_journal_back  # (seconds it failed, rows it held) on the loop
         self._wake = threading.Event()
+        self._journal_failed = asyncio.Event()  # the journal holds rows in memory (a full disk)
         self._closing = threading.Event()
         self._done = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -183,16 +187,32 @@ class AuditWriter:
         self.journal.append([final(row)], self.mapper.pending)
         self.produced += 1
         self._wake.set()
+        if self.journal.problem is not None:
+            self._journal_failed.set()
 
     def _pending(self, row: Row, waiting: list[str]) -> None:
         row["router_id"] = self.router_id
         row.setdefault("node", self.node)
         self.journal.append([pending(row, waiting)], self.mapper.pending)
+        if self.journal.problem is not None:
+            self._journal_failed.set()
 
     async def run_until_cancelled(self) -> None:
-        """Wait; when cancelled (the host stops), close off the loop: nothing waiting is lost."""
+        """Write again what the journal could not take (a full disk), once a second while it
+        cannot; when cancelled (the host stops), close off the loop: nothing waiting is lost."""
         try:
-            await asyncio.Event().wait()
+            while True:
+                await self._journal_failed.wait()
+                since, held = time.monotonic(), 0
+                while True:
+                    held = max(held, self.journal.backlogged)  # before it is written
+                    if self.journal.retry(self.mapper.pending):
+                        break
+                    await asyncio.sleep(JOURNAL_RETRY)
+                self._journal_failed.clear()
+                self._wake.set()  # the rows are on disk: store them now
+                if self.on_journal_back is not None:
+                    self.on_journal_back(time.monotonic() - since, held)
         finally:
             self.mapper.finish_all()  # on the loop: the mapper is the loop's
             await asyncio.to_thread(self.close, 10.0)

@@ -27,7 +27,7 @@ from channels.consumer import AsyncConsumer
 from channels.layers import BaseChannelLayer
 from django.conf import settings
 
-from models_app import bridge, liveness, nodes, specs
+from models_app import bridge, disk, liveness, nodes, specs
 from models_app.audit_writer import AuditWriter, new_router_id
 from models_app.config_watch import ConfigWatch, read_version
 from models_app.messages import (
@@ -149,7 +149,7 @@ class RouterHost:
         # thread and is closed (rows still waiting are written) when its task ends.
         self.audit = AuditWriter.for_engine(
             self.engine, router_id=self.boot, on_outage_over=self._database_back,
-            node=self.overrides.node,
+            on_journal_back=self._disk_back, node=self.overrides.node,
         ).start()  # fmt: skip
         self.engine.add_tap(self.audit)  # journaled in the publish path (audit_journal.py)
         self.metrics = RouterMetrics()
@@ -303,6 +303,14 @@ class RouterHost:
         if self.loop is not None and self.engine is not None:
             self.loop.call_soon_threadsafe(self.engine.note, Event.SERVICE_OUTAGE, data)
 
+    def _disk_back(self, seconds: float, rows: int) -> None:
+        """The audit journal is written again (a full disk had space freed): audit it."""
+        effect = f"{rows} audit rows waited in memory and were written when it took them again"
+        data = {"service": "the data disk", "how": "refused writes", "effect": effect,
+                "seconds": round(seconds, 3)}  # fmt: skip
+        if self.engine is not None:
+            self.engine.note(Event.SERVICE_OUTAGE, data)
+
     def redis_back(self, seconds: float) -> None:
         """Redis returned after ``seconds``: audit the outage (called on the loop)."""
         effect = "the router kept its children; web processes answered 503 meanwhile"
@@ -386,7 +394,17 @@ class RouterHost:
         return self._engine.snapshot() | {"boot": self.boot}
 
     def _ready(self) -> ReadyAnswer:
-        return self._engine.status() | {"boot": self.boot}
+        return self._engine.status() | {"boot": self.boot, "problems": self.problems()}
+
+    def problems(self) -> list[str]:
+        """What keeps the router from writing its files (a full disk): it goes on serving."""
+        found = list(self._engine.problems())
+        if self.audit.journal.problem:
+            held = self.audit.journal.backlogged
+            found.append(f"{self.audit.journal.problem} ({held} rows wait in memory)")
+        if low := disk.low_space(settings.DATA_DIR, settings.ROUTERPANEL["DISK_WARN_MB"]):
+            found.append(low)
+        return found
 
     def _memory(self) -> MemoryAnswer:
         return {"memory": self._engine.memory_history()}

@@ -67,6 +67,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "axes.middleware.AxesMiddleware",  # turns a locked-out sign-in into the lockout page
+    "models_app.disk.StorageErrorMiddleware",  # a full disk: a page that says so, not a bare 500
 ]
 
 ROOT_URLCONF = "routerpanel.urls"
@@ -237,6 +238,8 @@ ROUTERPANEL = {
     "BODY_TIMEOUT": envint("ROUTERPANEL_BODY_TIMEOUT", 30, minimum=1),
     # Seconds of silence after which /models/sse sends a ": keep-alive" comment line.
     "SSE_KEEPALIVE": envint("ROUTERPANEL_SSE_KEEPALIVE", 15, minimum=1),
+    # Free space in the data dir under which /ready and the log warn (megabytes).
+    "DISK_WARN_MB": envint("ROUTERPANEL_DISK_WARN_MB", 1024, minimum=0),
 }
 
 LOG_LEVEL = envstr("LOG_LEVEL", "INFO").upper()

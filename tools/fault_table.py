@@ -139,6 +139,14 @@ def database(d: dict[str, Any]) -> Row:
             str(d["audit_rows_lost"]))  # fmt: skip
 
 
+def disk_full(d: dict[str, Any]) -> Row:
+    return (f"every request `200`: evictions, a spawn and a SIGKILLed child's exit all seen; "
+            f"peak {d['peak_children']} child (models_max {d['models_max']}); `/ready` says "
+            "`degraded` and what could not be written", f"state file, journal and database "
+            f"written again {_s(d['recovered_after_space_back_s'])} after space came back, no "
+            "restart", str(d.get("rows_lost", NOT_MEASURED)))  # fmt: skip
+
+
 RENDER: dict[str, tuple[str, Callable[[dict[str, Any]], Row]]] = {
     "burst": ("300 concurrent requests, 3 models, models_max 2 (bench: 1,000)", burst),
     "fair share burst": ("300 concurrent requests of 3 owners, `--queue-policy fair`, "
@@ -165,6 +173,7 @@ RENDER: dict[str, tuple[str, Callable[[dict[str, Any]], Row]]] = {
     "team web process stopped mid-stream": (
         "a web process stopped (SIGTERM) mid-stream (team)", web_stopped),
     "router frozen (SIGSTOP) while requests arrive": ("the router frozen (SIGSTOP)", frozen),
+    "data dir full (tmpfs)": ("the data dir's disk full (a 24 MB tmpfs filled)", disk_full),
     "PostgreSQL refuses connections during 4 swaps (team mode)": (
         "PostgreSQL refuses connections (team)", database),
 }  # fmt: skip

@@ -44,7 +44,10 @@ async def ready(api: Api, request: Request) -> None:
         answer = {"status": "unavailable", "error": exc.error.get("message")}
         await request.respond(503, dumps(answer), headers=((b"retry-after", b"5"),))
         return
-    await request.respond_json({"status": "ok", "router": body})
+    problems = body.get("problems") or []
+    # Serving goes on: 200, but a filling or full disk is said (the router's files lag).
+    status = "degraded" if problems else "ok"
+    await request.respond_json({"status": status, "router": body, "problems": problems})
 
 
 async def props(api: Api, request: Request) -> None:

@@ -230,10 +230,11 @@ class MessageExpiredData(TypedDict):
     total: int
 
 
-class ServiceOutageData(TypedDict):
+class ServiceOutageData(TypedDict, total=False):
     service: str
     seconds: float
     effect: str
+    how: str  # "was unreachable" when absent; "refused writes" for a full data disk
 
 
 class NodeChangedData(TypedDict):

@@ -339,6 +339,11 @@ class Engine(Inbox):
             entry["cannot_start"] = self._cannot_start.get(entry["name"])
         return snap | {"queue_policy": policy, "reservations": reserved}
 
+    def problems(self) -> list[str]:
+        """What the router could not do but goes on without (its state file unwritten)."""
+        problem = self._supervisor.state_problem
+        return [problem] if problem else []
+
     def status(self) -> dict[str, Any]:
         """A cheap summary: how many models, how many run, how many requests wait."""
         views = self._scheduler.models()

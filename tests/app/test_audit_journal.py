@@ -6,7 +6,9 @@ is tests/services/test_audit_outage.py; kill -9 of a real serve is tests/chaos).
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -14,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from models_app.audit_journal import DIR_NAME
+from models_app import audit_journal
+from models_app.audit_journal import DIR_NAME, Journal
 from models_app.audit_writer import AuditWriter, DatabaseUnavailable, store_rows
 from models_app.models import AuditEvent, AuditKind
 from routerpanel.router.catalogue import Event
@@ -239,3 +242,41 @@ def test_a_row_with_overlong_text_is_clipped_to_its_column(writer: AuditWriter) 
     assert writer.flush(10)
     row = AuditEvent.objects.get(router_id="r1")
     assert len(row.model) == 200 and len(row.trigger_request) == 200
+
+
+class TestAFullDisk:
+    """A write the disk refuses (ENOSPC, EIO, EROFS) never raises into the router: the rows
+    wait in memory, in order, and are written before anything newer once it takes them."""
+
+    @staticmethod
+    def lines(journal: Journal) -> list[dict[str, Any]]:
+        assert journal.current is not None
+        return [json.loads(line) for line in journal.current.read_text().splitlines()]
+
+    def test_rows_wait_in_memory_and_are_written_in_order_when_space_returns(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        journal = Journal(tmp_path / DIR_NAME, "boot-1")
+        journal.append([{"r": {"seq": 1}}])
+        real_write = os.write
+        full = True
+
+        def write(fd: int, data: bytes) -> int:
+            if full:  # the disk takes a few bytes of the record, then no more
+                real_write(fd, data[:7])
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_write(fd, data)
+
+        monkeypatch.setattr(audit_journal.os, "write", write)
+        journal.append([{"r": {"seq": 2}}])
+        journal.append([{"r": {"seq": 3}}])
+        assert journal.problem == "could not write the audit journal: No space left on device"
+        assert journal.backlogged == 2
+        assert self.lines(journal) == [{"r": {"seq": 1}}]  # no half record left behind
+        assert journal.retry() is False  # still full
+        full = False
+        assert journal.retry() is True
+        assert journal.problem is None and journal.backlogged == 0
+        assert [x["r"]["seq"] for x in self.lines(journal)] == [1, 2, 3]
+        journal.append([{"r": {"seq": 4}}])
+        assert [x["r"]["seq"] for x in self.lines(journal)] == [1, 2, 3, 4]

@@ -33,6 +33,7 @@ from routerpanel.router.supervisor import (
     pick_free_port,
     reap_leftovers,
 )
+from routerpanel.router.supervisor import core as supervisor_core
 from routerpanel.router.supervisor import output as supervisor_module  # where _poll looks it up
 from tests.support.supervisor import PROJECT, WAIT, Recorder, inline, sim
 
@@ -424,6 +425,42 @@ class TestFailures:
             )
         assert recorder.of(ChildStarted) == []
         assert sup.live() == {}
+
+    async def test_a_spawn_whose_bookkeeping_fails_kills_what_it_started(
+        self, sup: Supervisor, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        started: list[int] = []
+
+        def create_time(pid: int) -> float:
+            started.append(pid)
+            raise RuntimeError("the books are closed")
+
+        monkeypatch.setattr(supervisor_core, "create_time", create_time)
+        with pytest.raises(SpawnError, match="failed to watch the server instance"):
+            await sup.spawn("m", sim(), {}, child_protocol=True, load_timeout=WAIT)
+        [pid] = started
+        assert dead(pid)  # nothing it started runs on unwatched
+        assert recorder.of(ChildStarted) == [] and sup.live() == {}
+
+    async def test_a_state_file_that_cannot_be_written_leaves_the_child_watched(
+        self, sup: Supervisor, recorder: Recorder, state_file: Path
+    ) -> None:
+        state_file.parent.mkdir(parents=True)
+        state_file.mkdir()  # a directory in its place: every write fails (as on a full disk)
+        await sup.spawn("m", sim(), {}, child_protocol=True, load_timeout=WAIT)
+        await recorder.wait_for(ChildReady, name="m")
+        assert (
+            sup.state_problem is not None and "could not write the state file" in sup.state_problem
+        )
+        pid = sup.live()["m"].pid
+        os.kill(pid, signal.SIGKILL)
+        _, exited = await recorder.wait_for(ChildExited, name="m")  # its exit is still seen
+        assert exited.signal == signal.SIGKILL and sup.live() == {}
+        state_file.rmdir()  # the disk takes writes again: the retry writes the file
+        async with asyncio.timeout(WAIT):
+            while not state_file.is_file():
+                await asyncio.sleep(0.05)
+        assert sup.state_problem is None and json.loads(state_file.read_text())["children"] == []
 
     async def test_a_live_name_cannot_be_spawned_twice(self, sup: Supervisor) -> None:
         await sup.spawn("m", sim(), {}, child_protocol=True, load_timeout=WAIT)

@@ -93,10 +93,12 @@ def run_manage(
     port: int | None = None,
     ready: str = "health",
     timeout: float = 90,
+    log_dir: Path | None = None,
 ) -> Iterator[Server]:
-    """Run ``manage.py <args>`` until the block ends; ``ready`` is "health" or a log text."""
+    """Run ``manage.py <args>`` until the block ends; ``ready`` is "health" or a log text.
+    Its output goes to a file in ``log_dir`` (default: the data dir)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    log = data_dir / f"{args[0]}-{time.monotonic_ns()}.log"
+    log = (log_dir or data_dir) / f"{args[0]}-{time.monotonic_ns()}.log"
     full_env = {**os.environ, "ROUTERPANEL_DATA_DIR": str(data_dir), **(env or {})}
     full_env.setdefault("ROUTERPANEL_ADMIN_PASSWORD", "test-only-password")
     command = [sys.executable, "manage.py", *args]

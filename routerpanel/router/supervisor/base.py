@@ -32,6 +32,7 @@ from routerpanel.router.supervisor.reports import ChildInfo, LogLine, Supervisor
 from routerpanel.router.supervisor.statefile import atomic_write
 
 log = logging.getLogger("routerpanel.router.supervisor")  # the package's name, as before the split
+STATE_RETRY = 1.0  # seconds between two tries to write a state file that could not be written
 
 
 class SupervisorBase:
@@ -67,6 +68,10 @@ class SupervisorBase:
         self._reserved: set[str] = set()
         self._logs: dict[str, deque[LogLine]] = {}
         self._closed = False
+        # Why the state file could not be written (a full disk, a read-only data dir), while
+        # it cannot; the write is tried again every STATE_RETRY seconds until it can.
+        self.state_problem: str | None = None
+        self._state_retry: asyncio.TimerHandle | None = None
 
     def live(self) -> dict[str, ChildInfo]:
         """Return a snapshot of every child whose exit has not been posted yet."""
@@ -182,4 +187,27 @@ class SupervisorBase:
             for c in self._children.values()
         ]
         data = json.dumps({"version": 1, "router_pid": os.getpid(), "children": children})
-        atomic_write(self._state_file, data)
+        try:
+            atomic_write(self._state_file, data)
+        except OSError as exc:  # ENOSPC, EIO, EROFS: never lets a child go unwatched
+            self._state_failed(exc)
+            return
+        if self.state_problem is not None:
+            self.state_problem = None
+            log.warning("the state file %s is written again", self._state_file)
+
+    def _state_failed(self, exc: OSError) -> None:
+        """Keep going without the file (S8 is a safety net for the next start, not a condition
+        of this one): say so once, and write it again later."""
+        problem = f"could not write the state file {self._state_file}: {exc.strerror or exc}"
+        if problem != self.state_problem:
+            self.state_problem = problem
+            log.warning("%s; retrying every %g s", problem, STATE_RETRY)
+        if self._state_retry is None or self._state_retry.cancelled():
+            with contextlib.suppress(RuntimeError):  # no running loop: the next change retries
+                loop = asyncio.get_running_loop()
+                self._state_retry = loop.call_later(STATE_RETRY, self._retry_state)
+
+    def _retry_state(self) -> None:
+        self._state_retry = None
+        self._write_state()

@@ -119,15 +119,30 @@ class Supervisor(Stopping):
         proc = asyncio.subprocess.Process(transport, protocol, loop)
         child = Child(launch, proc, transport, protocol.exited, port, argv, attempt, asked)
         child.key, child.key_file = key, key_file
-        child.create_time = create_time(proc.pid)
-        self._children[launch.name] = child
-        self._write_state()
+        try:
+            child.create_time = create_time(proc.pid)
+            self._children[launch.name] = child
+            child.task = asyncio.create_task(self._run(child), name=f"supervise {launch.name}")
+        except BaseException as exc:  # what it started must not outlive failed bookkeeping
+            await self._abandon(child, exc)
+            raise SpawnError(f"failed to watch the server instance: {exc}") from exc
+        self._write_state()  # never raises: a child is watched whether or not it is recorded
         self._post(ChildStarted(launch.name, proc.pid, port, attempt, launch.host, key))
         if launch.load_timeout is not None:
             when = child.started + launch.load_timeout
             child.arm("load", when, lambda: self._on_load_timeout(child))
-        child.task = asyncio.create_task(self._run(child), name=f"supervise {launch.name}")
         return child
+
+    async def _abandon(self, child: Child, why: BaseException) -> None:
+        """Kill a child whose spawn could not be completed, and reap it (bounded)."""
+        self._children.pop(child.name, None)
+        self._note(child.name, None, f"spawned but not watched ({why}): killed")
+        killpg(child.pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._kill_grace):
+                await child.proc.wait()
+        child.transport.close()
+        self._remove_key(child.key_file)
 
     async def _run(self, child: Child) -> None:
         assert child.proc.stdout is not None and child.proc.stderr is not None
