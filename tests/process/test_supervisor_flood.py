@@ -14,7 +14,7 @@ from routerpanel.router.address import LOOPBACK, ChildAddress
 from routerpanel.router.probe import read_slots
 from routerpanel.router.supervisor import ChildReady, LogLine, Supervisor
 from routerpanel.router.supervisor.flood import BURST, RATE
-from tests.support.supervisor import PROJECT, Recorder, sim
+from tests.support.supervisor import PROJECT, Recorder, inline, sim
 from tests.support.waits import settled
 
 
@@ -75,3 +75,33 @@ async def test_the_simulated_slots_show_prompt_progress_then_decoding(
     assert len(set(counters)) >= 4, f"counters should move: {counters}"
     tokens = [c[0][2] for c in counters]
     assert tokens == sorted(tokens)
+
+
+async def test_lines_that_only_look_like_state_lines_count_against_the_budget_too(
+    flooding: tuple[Supervisor, Recorder],
+) -> None:
+    """A child of the protocol writing ``cmd_child_to_router:state:garbage`` as fast as its pipe
+    takes it: those lines used to pass the budget and each became a note; now they are counted,
+    and what reaches the router stays within the budgets (log lines and state lines)."""
+    sup, recorder = flooding
+    script = (
+        "import sys\n"
+        "line = b'cmd_child_to_router:state:garbage\\n' * 1000\n"
+        "while True: sys.stdout.buffer.write(line)\n"
+    )
+    await sup.spawn("g", inline(script), {}, child_protocol=True, load_timeout=None)
+    started = time.monotonic()
+    ticks, lag = 0, 0.0
+    while time.monotonic() - started < 3.0:
+        before = time.monotonic()
+        await asyncio.sleep(0.01)
+        lag = max(lag, time.monotonic() - before - 0.01)
+        ticks += 1
+    elapsed = time.monotonic() - started
+    router = [e.text for e in recorder.of(LogLine) if e.stream == "router" and e.name == "g"]
+    noted = [t for t in router if t.startswith("ignored malformed")]
+    counted = [t for t in router if "more malformed state lines" in t or "lines not shown" in t]
+    assert len(noted) <= elapsed + 2, len(noted)  # one a second, not one a line
+    assert sum(int(t.split()[0]) for t in counted) > 10_000  # it really flooded: counted
+    assert len(router) <= 3 * (elapsed + 2) + 2  # a few lines a second in all
+    assert lag < 0.5, f"the event loop stalled for {lag:.3f} s"

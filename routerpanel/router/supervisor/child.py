@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from routerpanel.router.address import LOOPBACK, ChildAddress
-from routerpanel.router.supervisor.flood import LogBudget
+from routerpanel.router.supervisor.flood import STATE_BURST, STATE_RATE, LogBudget
 from routerpanel.router.supervisor.reports import ChildStateName, LogLine
 
 LAST_LINES = 30
@@ -52,6 +52,11 @@ class Child:
     exited: bool = False
     lines: deque[LogLine] = field(default_factory=lambda: deque(maxlen=LAST_LINES))
     budget: LogBudget = field(default_factory=LogBudget)  # shared by stdout and stderr
+    # State lines (child protocol): their own budget, and malformed ones counted, not noted.
+    state_budget: LogBudget = field(
+        default_factory=lambda: LogBudget(rate=STATE_RATE, burst=STATE_BURST, tokens=STATE_BURST)
+    )
+    malformed: LogBudget = field(default_factory=lambda: LogBudget(rate=1.0, burst=1.0, tokens=1.0))
     timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
     key: str | None = field(default=None, repr=False)

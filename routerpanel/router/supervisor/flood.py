@@ -6,8 +6,10 @@ second; handled one by one they would starve the engine's single loop and every 
 it. ``LogBudget`` is a token bucket per child: ``rate`` lines a second, bursts of ``burst``. Past
 it, output is still read (a child blocked on a full pipe would hang) but only counted: the last
 complete line of each chunk is kept for the log ring, so a crash report still shows the end, and
-once a second one line says how many were not shown. State lines of the child protocol are never
-dropped: a chunk holding one is always split in full.
+once a second one line says how many were not shown. Every line counts, whatever its prefix:
+state lines of the child protocol are handled within a budget of their own (``STATE_RATE``, far
+above what a child sends), and malformed ones are counted, with one line a second that says how
+many, never one note per line.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ from routerpanel.router.supervisor.protocol import STATE_PREFIX
 STATE_MARKER = STATE_PREFIX.encode()
 RATE = 200.0  # lines per second shown live
 BURST = 2000.0
+# State lines of the child protocol have a budget of their own: a real child sends a few a
+# second (load progress), so these are never reached by one; past them (a child writing lines
+# that merely start with the prefix) they are counted like any line, not parsed one by one.
+STATE_RATE = 100.0
+STATE_BURST = 1000.0
 # Past the budget, a pause after each chunk read: at 64 KiB a read that caps the router's work
 # at ~6 MB/s of output (~90,000 lines/s) — far above any real logging; a faster child waits
 # on its full pipe, as it would on a slow terminal.
@@ -52,6 +59,11 @@ class LogBudget:
 
     def count(self, lines: int) -> None:
         self.dropped += lines
+
+    def flush(self) -> int | None:
+        """Return the lines dropped since the last report, now (the pipe has ended)."""
+        n, self.dropped = self.dropped, 0
+        return n or None
 
     def report(self, now: float) -> int | None:
         """Return the lines dropped since the last report, at most once a second."""

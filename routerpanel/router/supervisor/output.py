@@ -37,9 +37,13 @@ class Output(SupervisorBase):
         """Read one pipe to EOF; past the child's log budget only count lines (flood.py)."""
         splitter = LineSplitter()
         budget, marker = child.budget, STATE_MARKER if child.launch.child_protocol else None
+        states = child.state_budget
         while chunk := await reader.read(65536):
             now = self._now()
-            if budget.over(now) and not holds_marker(marker, splitter.pending, chunk):
+            state_room = marker is not None and not states.over(now)
+            if budget.over(now) and not (
+                state_room and holds_marker(marker, splitter.pending, chunk)
+            ):
                 budget.count(chunk.count(b"\n"))
                 if (tail := last_line(chunk)) is not None:  # the end stays in the ring
                     self._keep(child, LogLine(child.name, stream, tail, time.time()))
@@ -47,15 +51,25 @@ class Output(SupervisorBase):
                 await asyncio.sleep(FLOOD_PAUSE)  # cap the reading: the pipe holds the rest
             else:
                 for text in splitter.feed(chunk):
-                    if budget.allow(now) or (marker and text.startswith(STATE_PREFIX)):
+                    if marker and text.startswith(STATE_PREFIX):
+                        budget.allow(now)  # a state line counts too, and takes a token if any
+                        if states.allow(now):
+                            self._on_line(child, stream, text)
+                        else:
+                            budget.count(1)
+                    elif budget.allow(now):
                         self._on_line(child, stream, text)
                     else:
                         budget.count(1)
             if (dropped := budget.report(now)) is not None:
                 rate = f"{budget.rate:g}"
                 self._note(child.name, child, f"{dropped} lines not shown (over {rate} a second)")
+            if (bad := child.malformed.report(now)) is not None:
+                self._note(child.name, child, f"{bad} more malformed state lines ignored")
         for text in splitter.finish():
             self._on_line(child, stream, text)
+        if (bad := child.malformed.flush()) is not None:  # the pipe ended: say the rest now
+            self._note(child.name, child, f"{bad} more malformed state lines ignored")
 
     def _on_line(self, child: Child, stream: Stream, text: str) -> None:
         if stream == "stdout" and child.launch.child_protocol and text.startswith(STATE_PREFIX):
@@ -78,7 +92,10 @@ class Output(SupervisorBase):
             payload = {}
         state = STATE_NAMES.get(name) if isinstance(name, str) else None
         if state is None or not isinstance(payload, dict):
-            self._note(child.name, child, f"ignored malformed state line: {raw[:200]}")
+            if child.malformed.allow(self._now()):  # one noted a second; the rest counted
+                self._note(child.name, child, f"ignored malformed state line: {raw[:200]}")
+            else:
+                child.malformed.count(1)
             return
         child.state = state
         if state == "ready" and child.ready_at is None:
