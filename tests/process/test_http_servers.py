@@ -202,3 +202,26 @@ def test_a_child_killed_is_seen_and_ctrl_c_stops_the_server(http: str, tmp_path:
         server.process.send_signal(signal.SIGINT)
         assert server.process.wait(30) == 0
         wait_until(lambda: not any(c.is_running() for c in children), 10, "children gone")
+
+
+@pytest.mark.parametrize("http", ["daphne", "uvicorn"])
+def test_a_client_that_never_finishes_its_headers_is_answered_408_and_closed(
+    http: str, tmp_path: Path
+) -> None:
+    """Slowloris: a request whose headers do not arrive within the body timeout holds no
+    connection for ever, on either server (uvicorn used to hold them: 300 sockets after 90 s)."""
+    import socket
+
+    env = {"ROUTERPANEL_BODY_TIMEOUT": "2"}
+    with run_manage(
+        ["serve", "--demo", "--http", http], tmp_path, port=free_port(), env=env
+    ) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and no more
+            answer = b""
+            while chunk := sock.recv(4096):  # until the server closes it (30 s at most)
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:200]
+        assert b'"code":408' in answer.replace(b" ", b"") and b"not received within" in answer
+        assert server.client().get("/health").status_code == 200  # others are served

@@ -35,7 +35,8 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
-from models_app.api.request import CHUNK_NOW
+from models_app.api.errors import dumps
+from models_app.api.request import CHUNK_NOW, body_timeout
 
 _NAME, _VALUE = operator.itemgetter(0), operator.itemgetter(1)  # of a header pair
 
@@ -61,6 +62,7 @@ class UvicornServer:
             access_log=False,
             log_level="warning",
         )
+        ChunkNowProtocol.head_timeout = body_timeout()
         self._server = _Server(config)
         self._server.stopping = self.stopping = stopping
         self.listen_failure: OSError | None = None
@@ -121,7 +123,15 @@ class ChunkNowProtocol(HttpToolsProtocol):
       keeps them), not asked of the socket again: uvicorn asks for the transport's socket
       object, whose making and questions cost uvloop five ``getsockname`` and two
       ``getpeername`` system calls per connection.
+
+    And one guard uvicorn lacks: a request's headers must be in within ``head_timeout``
+    (``ROUTERPANEL_BODY_TIMEOUT``, as Daphne's guard) from the connection or from the request's
+    first byte, else it is answered 408 and closed: a slow client (slowloris) cannot hold a
+    connection open for ever. The body's own deadline is the application's (request.py).
     """
+
+    head_timeout = 30.0  # seconds; set from the settings by UvicornServer
+    _head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """uvicorn's, without the socket object (see the class doc) and its trace log line."""
@@ -133,6 +143,40 @@ class ChunkNowProtocol(HttpToolsProtocol):
         peer = transport.get_extra_info("peername")
         self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
         self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"
+        self._arm_head_timer()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_timer is None:  # a later request on a kept connection
+            self._arm_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._disarm_head_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._head_timer = loop.call_later(self.head_timeout, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        message = f"request headers not received within {self.head_timeout:g} s"
+        body = dumps({"error": {"code": 408, "message": message, "type": "invalid_request_error"}})
+        head = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+        head += b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+        self.transport.write(head + body)
+        self.transport.close()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
         """Each request's cycle is ours before its task is made (``run_asgi`` is ours too)."""
