@@ -42,7 +42,7 @@ import psutil
 
 from bench import common
 from bench.common import Table
-from routerpanel.router import supervisor
+from routerpanel.router import preflight, supervisor
 from routerpanel.router.config import PresetSpec, RouterConfig
 from routerpanel.router.decisions import Grant, Spawn, Stop
 from routerpanel.router.engine import Engine
@@ -193,6 +193,7 @@ async def engine_figures(presets: int, waiters: int, samples: int) -> dict[str, 
         specs(presets),
         memory_interval=None,
         supervisor_factory=StubSupervisor,  # type: ignore[arg-type]
+        preflight=preflight.never,  # stub children: no program or file is started or read
     )
     await engine.start()
     busy = [await engine.acquire(f"m{i:03d}", request_id=f"busy-{i}") for i in range(MODELS_MAX)]
