@@ -34,7 +34,7 @@ from routerpanel.router.config import PresetSpec, RouterConfig, startup_loads
 from routerpanel.router.errors import Lease, RouterError, unavailable
 from routerpanel.router.feed import EngineEvent, Subscription
 from routerpanel.router.inbox import Inbox
-from routerpanel.router.states import RUNNING, ModelState
+from routerpanel.router.states import RUNNING
 from routerpanel.router.timer import sample_memory
 
 log = logging.getLogger(__name__)
@@ -225,8 +225,7 @@ class Engine(Inbox):
         """
         name = self._require(model, 404, "not_found_error")
         load_id = f"load-{uuid.uuid4().hex}"
-        if not self._runs(name):  # a running one answers 400 (already running) as before
-            self._refuse_unstartable(name, actor, load_id, "load")
+        self._refuse_unstartable(name, actor, load_id, "load")  # a running one: 400 as before
         await self._load_request(name, load_id, actor)
 
     async def unload(self, model: str, *, actor: str = "") -> None:
@@ -299,7 +298,7 @@ class Engine(Inbox):
         """Raise 503 at once, before the request joins the queue and anyone is evicted for it,
         when the model is not running and cannot start (its program or a file it names is
         missing: preflight.py). A model that runs needs no start: nothing is checked."""
-        if self._runs(name) or self._scheduler.model(name).state is ModelState.LOADING:
+        if self._runs(name):  # loaded, sleeping or loading, and not stopping
             return
         spec = self._specs[name]
         problem = self._preflight(spec)
