@@ -24,7 +24,7 @@ from routerpanel.router.catalogue import Event
 from routerpanel.router.config import PresetSpec, RouterConfig, preset_map
 from routerpanel.router.facts import Facts
 from routerpanel.router.feed import Feed
-from routerpanel.router.preflight import Preflight
+from routerpanel.router.preflight import Checks, Preflight
 from routerpanel.router.preflight import check as preflight_check
 from routerpanel.router.scheduler import Scheduler
 from routerpanel.router.states import RUNNING
@@ -74,8 +74,7 @@ class EngineBase:
         self._timer = Timer(clock, self._post)
         self._watchdog = watchdog.Watchdog()
         self._prober = prober
-        self._preflight = preflight
-        self._cannot_start: dict[str, str] = {}  # model -> why, from its latest preflight
+        self._checks = Checks(preflight)  # which models cannot start (preflight.py)
         self._hangs: dict[str, dict[str, Any]] = {}  # model -> the verdict's facts, until killed
         self._tickets: set[int] = set()  # queue entries already published (queue.changed)
         self._probes: set[asyncio.Task[None]] = set()

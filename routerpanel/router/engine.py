@@ -66,7 +66,7 @@ class Engine(Inbox):
             leftovers = await asyncio.to_thread(supervisor.reap_leftovers, self._state_file)
             if removed := self._supervisor.remove_stale_keys():
                 log.info("removed %d child key files a previous router left", removed)
-        await self._check_all()
+        await self._checks.check_all(self._specs.values())
         self._loop_task = asyncio.create_task(self._run(), name="router engine")
         self._tasks.append(asyncio.create_task(self._timer.run(), name="router timer"))
         if self._memory_interval:
@@ -254,7 +254,7 @@ class Engine(Inbox):
         """Reconcile with new presets (A14); restart only running models whose command changed."""
         result: asyncio.Future[dict[str, list[str]]] = self._future()
         changes = await self._call(commands.Reload(tuple(presets), actor, result), result)
-        await self._check_all()
+        await self._checks.check_all(self._specs.values())
         return changes
 
     async def update_settings(self, config: RouterConfig, *, actor: str = "") -> None:
@@ -296,27 +296,14 @@ class Engine(Inbox):
 
     def _refuse_unstartable(self, name: str, actor: str, request_id: str, kind: str) -> None:
         """Raise 503 at once, before the request joins the queue and anyone is evicted for it,
-        when the model is not running and cannot start (its program or a file it names is
-        missing: preflight.py). A model that runs needs no start: nothing is checked."""
-        if self._runs(name):  # loaded, sleeping or loading, and not stopping
+        when the model is not running and cannot start (preflight.py). A model that runs needs
+        no start: nothing is checked."""
+        if self._runs(name) or (problem := self._checks.check(self._specs[name])) is None:
             return
-        spec = self._specs[name]
-        problem = self._preflight(spec)
-        if problem is None:
-            self._cannot_start.pop(name, None)
-            return
-        self._cannot_start[name] = problem
         data = {"model": name, "reason": problem, "actor": actor or "anonymous",
                 "request_id": request_id, "kind": kind}  # fmt: skip
         self.note(Event.MODEL_REFUSED, data)
         raise RouterError(503, "unavailable_error", problem)
-
-    async def _check_all(self) -> None:
-        """Run the preflight of every preset (in a thread: a few stat calls each), so a model
-        that cannot start says so on its card before anyone asks for it."""
-        specs = list(self._specs.values())
-        found = await asyncio.to_thread(lambda: {s.name: self._preflight(s) for s in specs})
-        self._cannot_start = {name: why for name, why in found.items() if why is not None}
 
     async def _load_reserved(self, name: str) -> None:
         try:
@@ -335,7 +322,7 @@ class Engine(Inbox):
         policy = {"policy": self._config.queue_policy.value, "recent_use": use}
         reserved = {name: sorted(o) for name, o in sorted(self._scheduler.reservations().items())}
         for entry in snap["models"]:
-            entry["cannot_start"] = self._cannot_start.get(entry["name"])
+            entry["cannot_start"] = self._checks.why(entry["name"])
         return snap | {"queue_policy": policy, "reservations": reserved}
 
     def problems(self) -> list[str]:

@@ -15,6 +15,7 @@ A few ``stat`` calls, no process is started: cheap enough to ask on every such r
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import Callable, Iterable
@@ -84,3 +85,32 @@ def _file_problem(key: str, path: str) -> str | None:
     if not os.access(path, os.R_OK):
         return f"{what} is not readable: {path}"
     return None
+
+
+class Checks:
+    """What the engine knows of which models cannot start: the latest answer per model, from
+    a check at start and reload (``check_all``) and before each load (``check``). Owned by the
+    engine's loop; ``check_all`` does its stat calls in a thread."""
+
+    def __init__(self, preflight: Preflight = check) -> None:
+        self._preflight = preflight
+        self._why: dict[str, str] = {}  # model -> why it cannot start, from its latest check
+
+    def check(self, spec: PresetSpec) -> str | None:
+        """Check ``spec`` now; remember and return why it cannot start, or None."""
+        problem = self._preflight(spec)
+        if problem is None:
+            self._why.pop(spec.name, None)
+        else:
+            self._why[spec.name] = problem
+        return problem
+
+    async def check_all(self, specs: Iterable[PresetSpec]) -> None:
+        """Check every preset (a few stat calls each, off the loop): the card of a model that
+        cannot start says so before anyone asks for it."""
+        listed = list(specs)
+        found = await asyncio.to_thread(lambda: {s.name: self._preflight(s) for s in listed})
+        self._why = {name: why for name, why in found.items() if why is not None}
+
+    def why(self, name: str) -> str | None:
+        return self._why.get(name)
