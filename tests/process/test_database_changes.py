@@ -16,6 +16,7 @@ import httpx
 
 from tests.support.ports import free_port
 from tests.support.serving import (
+    LiveChildSampler,
     manage_beside,
     run_manage,
     sim_preset,
@@ -36,9 +37,11 @@ def test_a_cli_import_beside_serve_is_listed_served_restarted_and_removed(
     marker = f"dbchange-{tmp_path.name}"
     ini = tmp_path / "first.ini"
     ini.write_text(sim_preset("a", marker))
-    with run_manage(
-        ["serve", "--models-preset", str(ini)], tmp_path / "data", port=free_port()
-    ) as server:
+    args = ["serve", "--models-preset", str(ini), "--models-max", "1"]
+    with (
+        run_manage(args, tmp_path / "data", port=free_port()) as server,
+        LiveChildSampler(marker, server.process.pid) as sampler,
+    ):
         url = server.url
         assert listed(url) == {"a"}
         phi = tmp_path / "phi.ini"
@@ -70,3 +73,6 @@ def test_a_cli_import_beside_serve_is_listed_served_restarted_and_removed(
         db.close()
         wait_until(lambda: "phi-3-mini" not in listed(url), 10, "the deleted preset gone")
         wait_until(lambda: not simserver_processes(marker, server.process.pid), 30, "stopped")
+        sampler.sample_enough()
+    # A restart for a changed preset stops the old child before it starts the new (A6, A14).
+    assert sampler.saw() == (1, {"phi-3-mini"})
