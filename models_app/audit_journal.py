@@ -219,7 +219,7 @@ class JournalReader:
                 end = after
             if end > seg.offset:
                 batch.advance[seg.path] = end
-            if whole and seg.path != current:  # rotated away from: complete once read
+            if whole and _before(seg.path, current):  # rotated away from: complete once read
                 batch.done.append(seg.path)
             if not whole or len(batch.rows) >= limit:
                 break
@@ -231,6 +231,13 @@ class JournalReader:
         for path in batch.done:
             path.unlink(missing_ok=True)
             self._offsets.pop(path, None)
+
+
+def _before(path: Path, current: Path | None) -> bool:
+    """Whether the writer has rotated past ``path``. By name (segments are named by the time
+    they were made), not ``!= current``: a segment being made while we read is newer than the
+    ``current`` we were handed, and must not be taken for complete and deleted under the writer."""
+    return current is not None and path.name < current.name
 
 
 def _lines(path: Path, offset: int) -> list[tuple[dict[str, Any], int]]:

@@ -204,6 +204,27 @@ def test_segments_rotate_and_each_row_is_stored_once(tmp_path: Path, switch: Swi
     assert [p.name for p in journal.iterdir()] == [writer.journal.current.name]
 
 
+def test_a_segment_made_while_the_reader_reads_is_not_taken_for_complete(tmp_path: Path) -> None:
+    # The reader is handed ``current`` and then lists the directory; a rotation in between makes
+    # a segment newer than the ``current`` it holds. Taking that one for "rotated away from"
+    # deleted it under the writer, and every row written to it afterwards was lost (a CI run
+    # lost rows this way: flush() never saw them stored).
+    journal = Journal(tmp_path / DIR_NAME, "boot-1", segment_bytes=10)
+    journal.append([audit_journal.final({"seq": 1})])
+    held = journal.current  # what the reader was handed, before the writer rotated
+    journal.append([audit_journal.final({"seq": 2})])
+    assert journal.current != held
+    reader = audit_journal.JournalReader(tmp_path / DIR_NAME, "boot-1")
+    batch = reader.read(held, 100)
+    assert [row["seq"] for row in batch.rows] == [1, 2]
+    assert batch.done == []  # neither the one it holds nor the newer one is complete yet
+    reader.stored(batch)
+    assert journal.current.exists()
+    batch = reader.read(journal.current, 100)
+    assert batch.done == [held]  # once it knows of the newer one, the older is complete
+    journal.close()
+
+
 def test_a_flush_asked_while_an_attempt_fails_is_not_put_off_by_the_back_off(
     tmp_path: Path,
 ) -> None:
