@@ -8,11 +8,12 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from models_app import audit, signin
+from models_app import audit, edits, signin
 from models_app.forms import (
     ApiKeyForm,
     KeyScopeForm,
@@ -37,8 +38,13 @@ def settings_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and not is_admin:
         return forbidden(request, Role.ADMIN)
     form = SettingsForm(request.POST or None, instance=row) if is_admin else None
+    if form is not None:
+        edits.add_seen(form, audit.settings_state(row))
     if form is not None and request.method == "POST" and form.is_valid():
-        return _save_settings(request, form)
+        try:
+            return _save_settings(request, form)
+        except edits.Stale as stale:
+            edits.refused(form, stale)
     snap, router_error = common.snapshot()
     context = {
         "form": form,
@@ -60,6 +66,7 @@ def _node_rows(row: RouterSettings, seen: list[dict[str, Any]], editable: bool) 
     for name in sorted(set(own) | set(states)):
         mine = own.get(name)
         form = NodeSettingsForm(instance=mine or NodeSettings(node=name), prefix=f"node-{name}")
+        edits.add_seen(form, _node_state(mine))
         effective = mine.models_max if mine and mine.models_max is not None else row.models_max
         state = states.get(name, {})
         out.append({"node": name, "state": state.get("state", "never seen"), "own": mine,
@@ -80,9 +87,19 @@ def node_settings(request: HttpRequest, node: str) -> HttpResponse:
         form = NodeSettingsForm(
             request.POST, instance=mine or NodeSettings(node=node), prefix=f"node-{node}"
         )
+        edits.add_seen(form, before)
         if not form.is_valid():
             problems = "; ".join(f"{f}: {' '.join(e)}" for f, e in form.errors.items())
             messages.error(request, f"Node {node}: {problems}")
+            return redirect("panel:settings")
+        try:
+            edits.check(
+                edits.seen(form), before, _node_state(form.instance),
+                what=f"Node {node}'s settings", plural=True, labels=edits.labels_of(form),
+                changed=Q(kind=AuditKind.SETTINGS_CHANGED, node=node),
+            )  # fmt: skip
+        except edits.Stale as stale:
+            messages.error(request, edits.said(stale))
             return redirect("panel:settings")
         if form.is_empty():
             if mine is not None:
@@ -120,6 +137,11 @@ def _save_settings(request: HttpRequest, form: SettingsForm) -> HttpResponse:
     actor = audit.actor_of(request.user)
     with transaction.atomic():
         before = audit.settings_state(RouterSettings.objects.select_for_update().get(pk=1))
+        edits.check(
+            edits.seen(form), before, audit.settings_state(form.instance),
+            what="The router settings", changed=Q(kind=AuditKind.SETTINGS_CHANGED, node=""),
+            plural=True,
+        )  # fmt: skip
         row = form.save(commit=False)
         row.updated_by = request.user
         row.save()

@@ -12,11 +12,12 @@ from typing import Any
 
 from django.contrib import messages
 from django.db import transaction
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
-from models_app import audit, audit_labels, presets_io, server_options, specs
+from models_app import audit, audit_labels, edits, presets_io, server_options, specs
 from models_app.forms import ImportForm, PresetForm, option_names, pair_formset
 from models_app.messages import ReloadCall
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
@@ -25,6 +26,9 @@ from models_app.views import common
 from routerpanel.router import ini
 
 PRESET_KINDS = (AuditKind.PRESET_CREATED, AuditKind.PRESET_CHANGED, AuditKind.PRESET_DELETED)
+# The audited fields the form edits under other names.
+STATE_LABELS = {"aliases": "Aliases", "memory_estimate": "Memory estimate", "args": "Options",
+                "env": "Environment"}  # fmt: skip
 
 
 @require_GET
@@ -103,6 +107,8 @@ def _edit(
     data = request.POST if request.method == "POST" else None
     server_bin = str((data or {}).get("server_bin", preset.server_bin)).strip()
     form = PresetForm(data, instance=preset)
+    if before is not None:
+        edits.add_seen(form, before)
     catalogue = server_options.catalogue_for(server_bin)
     args = pair_formset("args", preset.args, data, catalogue=catalogue)
     env = pair_formset("env", preset.env, data)
@@ -111,7 +117,10 @@ def _edit(
         if rows_ok:
             preset.args, preset.env = args.pairs(), env.pairs()
         if form.is_valid() and rows_ok and not form.pair_errors:
-            return _save(request, form, before)
+            try:
+                return _save(request, form, before)
+            except edits.Stale as stale:
+                edits.refused(form, stale)
     context = {
         "form": form,
         "args": args,
@@ -151,8 +160,11 @@ def error_links(form: PresetForm, *formsets: Any) -> list[dict[str, str]]:
 
 
 def _save(request: HttpRequest, form: PresetForm, before: dict[str, Any] | None) -> HttpResponse:
+    """Save a valid form; ``edits.Stale`` (nothing written) if the preset changed meanwhile."""
     actor = audit.actor_of(request.user)
     with transaction.atomic():
+        if before is not None:
+            before = _still_as_opened(form)
         preset = form.save(commit=False)
         preset.updated_by = request.user
         preset.save()  # tasks.preset_saved reads the GGUF facts and estimate after the commit
@@ -163,6 +175,21 @@ def _save(request: HttpRequest, form: PresetForm, before: dict[str, Any] | None)
     for warning in getattr(preset, "option_warnings", []):
         messages.warning(request, f"{preset.name}: {warning}.")
     return redirect("panel:preset_detail", pk=preset.pk)
+
+
+def _still_as_opened(form: PresetForm) -> dict[str, Any] | None:
+    """The preset as stored now (locked until the save commits), if it is as the form saw it."""
+    preset = form.instance
+    stored = Preset.objects.select_for_update().filter(pk=preset.pk).first()
+    current = audit.preset_state(stored)
+    names = {preset.name} | ({stored.name} if stored else set())
+    edits.check(
+        edits.seen(form), current, audit.preset_state(preset) or {},
+        what=stored.name if stored else preset.name,
+        changed=Q(kind__in=PRESET_KINDS, model__in=names),
+        labels=edits.labels_of(form) | STATE_LABELS,
+    )  # fmt: skip
+    return current
 
 
 def _report_reload(request: HttpRequest, done: str, answer: common.Answer, name: str) -> None:

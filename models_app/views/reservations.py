@@ -15,7 +15,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -65,7 +65,10 @@ def reservation_create(request: HttpRequest) -> HttpResponse:
 @require(Role.ADMIN)
 def reservation_delete(request: HttpRequest, pk: int) -> HttpResponse:
     """GET asks to confirm (works without JavaScript); POST deletes."""
-    row = get_object_or_404(Reservation.objects.select_related("user", "group"), pk=pk)
+    row = Reservation.objects.select_related("user", "group").filter(pk=pk).first()
+    if row is None:  # deleted by someone else since this page was opened: say so, not 404
+        messages.info(request, "That booking was already deleted by someone else.")
+        return redirect("panel:reservations")
     if request.method == "GET":
         context = {"row": row, "text": reservations.describe(row)}
         return render(request, "panel/reservation_delete.html", context)

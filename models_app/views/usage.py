@@ -11,13 +11,15 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib import messages
+from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from models_app import audit, usage
+from models_app import audit, edits, usage
 from models_app.api.quotas import Limit, tokens_today_in_database
 from models_app.forms import QuotaForm
 from models_app.models import AuditEvent, AuditKind, Quota
@@ -54,7 +56,7 @@ def usage_page(request: HttpRequest) -> HttpResponse:
         "everyone": everyone,
         "hourly": usage.hourly(since, None, actor),
         "quotas": quota_rows(request.user, everyone),
-        "quota_form": QuotaForm() if role_of(request.user) >= Role.ADMIN else None,
+        "quota_form": _quota_form() if role_of(request.user) >= Role.ADMIN else None,
     }
     return render(request, "panel/usage.html", context)
 
@@ -101,17 +103,32 @@ def _limit(quota: Quota) -> Limit:
 @require_POST
 @require(Role.ADMIN)
 def quota_set(request: HttpRequest) -> HttpResponse:
-    """Set a quota, or remove it when both limits are empty; audited either way."""
+    """Set a quota, or remove it when both limits are empty; audited either way. Refused,
+    nothing written, if that quota changed after the page was opened."""
     form = QuotaForm(request.POST)
+    edits.add_seen_each(form, {})
     if not form.is_valid():
         messages.error(request, "Quota not saved: " + _errors_text(form))
         return redirect("panel:usage")
     user, key = form.target()
     tokens = form.cleaned_data["tokens_per_day"]
     rate = form.cleaned_data["requests_per_minute"]
+    subject = Quota(user=user, key=key).subject
     with transaction.atomic():
+        # The user's row is the lock: one change to their quotas at a time, created ones too.
+        get_user_model().objects.select_for_update().filter(pk=user.pk).first()
         quota = Quota.objects.filter(user=user, key=key).first()
         before = _state(quota)
+        opened = edits.seen(form, form.cleaned_data["subject"], _state(None))
+        try:
+            edits.check(
+                opened, before, {"tokens_per_day": tokens, "requests_per_minute": rate},
+                what=f"The quota of {subject}", labels=edits.labels_of(form),
+                changed=Q(kind=AuditKind.QUOTA_CHANGED, details__subject=subject),
+            )  # fmt: skip
+        except edits.Stale as stale:
+            messages.error(request, edits.said(stale))
+            return redirect("panel:usage")
         if tokens is None and rate is None:
             if quota is not None:
                 quota.delete()
@@ -120,7 +137,6 @@ def quota_set(request: HttpRequest) -> HttpResponse:
             quota = quota or Quota(user=user, key=key)
             quota.tokens_per_day, quota.requests_per_minute = tokens, rate
             quota.save()
-        subject = Quota(user=user, key=key).subject
         changes = audit.diff(before, _state(quota))
         if changes:
             AuditEvent.objects.record(
@@ -132,6 +148,15 @@ def quota_set(request: HttpRequest) -> HttpResponse:
     shown = quota.limits_text() if quota is not None else "no quota"
     messages.success(request, f"Quota of {subject}: {shown}.")
     return redirect("panel:usage")
+
+
+def _quota_form() -> QuotaForm:
+    """The form, with the version of every quota as the page shows it."""
+    form = QuotaForm()
+    quotas = Quota.objects.all()
+    edits.add_seen_each(form, {(f"key:{q.key_id}" if q.key_id else f"user:{q.user_id}"): _state(q)
+                               for q in quotas})  # fmt: skip
+    return form
 
 
 def _state(quota: Quota | None) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from django.test import Client
 
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
 from models_app.views import common
+from tests.support.opened import opened
 from tests.support.panel import RouterStub, model_row
 from tests.support.preset_form import form
 
@@ -165,6 +166,10 @@ class TestSourceAndServerBinary:
         assert "option &#x27;fit-budget&#x27; is not checked" in text
 
 
+def url(preset: Preset) -> str:
+    return f"/presets/{preset.pk}/edit/"
+
+
 class TestEdit:
     @pytest.fixture
     def preset(self) -> Preset:
@@ -179,9 +184,8 @@ class TestEdit:
         assert "once its in-flight requests finish" in text
 
         panel_router.answers["reload"] = common.Answer(body={"restarted": ["demo"]})
-        response = admin_client.post(
-            f"/presets/{preset.pk}/edit/", form(args=[("temp", "0.2")], name="demo"), follow=True
-        )
+        body = form(args=[("temp", "0.2")], name="demo") | opened(admin_client, url(preset))
+        response = admin_client.post(url(preset), body, follow=True)
         assert "demo is running with the old command line: it restarts now" in (
             response.content.decode()
         )
@@ -201,9 +205,8 @@ class TestEdit:
         self, admin_client: Client, panel_router: RouterStub, preset: Preset
     ) -> None:
         panel_router.down = True
-        response = admin_client.post(
-            f"/presets/{preset.pk}/edit/", form(name="demo", ttl="60"), follow=True
-        )
+        body = form(name="demo", ttl="60") | opened(admin_client, url(preset))
+        response = admin_client.post(url(preset), body, follow=True)
         assert "The router did not take it yet (router unavailable)" in response.content.decode()
         assert Preset.objects.get().ttl == 60
 

@@ -8,25 +8,15 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from models_app import edits
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
+from models_app.views.admin_pages import _node_state
+from tests.support.opened import versions
 from tests.support.panel import RouterStub
+from tests.support.settings_form import body
 
 pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db
-
-
-def body(**fields: Any) -> dict[str, Any]:
-    row = RouterSettings.load()
-    values = {
-        "models_max": row.models_max, "memory_budget": "", "memory_headroom": "",
-        "settle_timeout": row.settle_timeout, "max_waiters": "", "max_wait": row.max_wait,
-        "queue_policy": row.queue_policy,
-        "default_stop_timeout": row.default_stop_timeout,
-        "default_hang_timeout": row.default_hang_timeout,
-        "quarantine_after": row.quarantine_after, "server_binary": row.server_binary,
-        "audit_retention_days": "",
-    }  # fmt: skip
-    return values | fields
 
 
 def test_a_change_is_validated_audited_and_sent_to_the_router(
@@ -164,6 +154,9 @@ class TestNodeSettings:
     def post(self, client: Client, node: str, **values: Any) -> Any:
         fields = {"node": node, "models_max": "", "memory_budget": "", "settle_timeout": ""}
         data = {f"node-{node}-{k}": v for k, v in (fields | values).items()}
+        page = versions(client, "/settings/")  # a node with no row nor state is not shown:
+        name = f"node-{node}-seen_version"  # its form would carry the version of no row
+        data[name] = page.get(name, edits.fingerprint(_node_state(None)))
         return client.post(f"/settings/nodes/{node}/", data, follow=True)
 
     def test_a_nodes_max_is_saved_audited_and_sent_to_that_node_only(

@@ -18,6 +18,7 @@ from models_app.api.quotas import Limit, QuotaBook, tokens_today_in_database
 from models_app.models import ApiKey, Quota, UsageHour
 from tests.support.asgi import AsgiClient
 from tests.support.fake_router import FakeRouter, Grant
+from tests.support.opened import opened
 from tests.support.upstreams import SimServer
 
 pytest_plugins = ("tests.support.panel",)
@@ -218,16 +219,23 @@ class TestPanel:
         from models_app.models import AuditEvent, AuditKind
 
         subject = f"user:{viewer.pk}"
+
+        def opened_page() -> dict[str, str]:
+            return opened(admin_client, "/usage/")
+
         done = admin_client.post(
-            "/usage/quotas/", {"subject": subject, "tokens_per_day": "5000"}, follow=True
+            "/usage/quotas/",
+            {"subject": subject, "tokens_per_day": "5000"} | opened_page(),
+            follow=True,
         )
         assert "Quota of user vera: 5,000 tokens per day." in done.content.decode()
         quota = Quota.objects.get(user=viewer, key=None)
         assert (quota.tokens_per_day, quota.requests_per_minute) == (5000, None)
-        admin_client.post("/usage/quotas/", {"subject": subject, "requests_per_minute": "30"})
+        body = {"subject": subject, "requests_per_minute": "30"}
+        admin_client.post("/usage/quotas/", body | opened_page())
         quota.refresh_from_db()
         assert (quota.tokens_per_day, quota.requests_per_minute) == (None, 30)
-        admin_client.post("/usage/quotas/", {"subject": subject})  # both empty: removed
+        admin_client.post("/usage/quotas/", {"subject": subject} | opened_page())  # both empty
         assert not Quota.objects.exists()
         rows = list(AuditEvent.objects.filter(kind=AuditKind.QUOTA_CHANGED).order_by("id"))
         assert [r.details["changes"] for r in rows] == [
@@ -240,7 +248,8 @@ class TestPanel:
     def test_a_bad_limit_saves_nothing_and_says_why(self, admin_client: Any, viewer: Any) -> None:
         done = admin_client.post(
             "/usage/quotas/",
-            {"subject": f"user:{viewer.pk}", "tokens_per_day": "-3"},
+            {"subject": f"user:{viewer.pk}", "tokens_per_day": "-3"}
+            | opened(admin_client, "/usage/"),
             follow=True,
         )
         assert "Quota not saved: Tokens per day:" in done.content.decode()
@@ -250,7 +259,8 @@ class TestPanel:
         self, admin_client: Any, viewer_client: Any, viewer: Any, operator: Any
     ) -> None:
         key, _ = ApiKey.objects.issue(viewer, "laptop")
-        admin_client.post("/usage/quotas/", {"subject": f"key:{key.pk}", "tokens_per_day": "100"})
+        body = {"subject": f"key:{key.pk}", "tokens_per_day": "100"}
+        admin_client.post("/usage/quotas/", body | opened(admin_client, "/usage/"))
         Quota.objects.create(user=operator, requests_per_minute=5)
         today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         UsageHour.objects.create(
