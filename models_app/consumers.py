@@ -9,6 +9,11 @@ accepted), then joins the router's events group and sends, in order:
 * ``{"type": "audit", "rows": [...]}`` — the latest audit rows, then new ones as they land;
 * ``{"type": "event", "event": {seq, type, time, data}}`` — every router event as it happens.
 
+A user has at most ``ROUTERPANEL_MAX_SOCKETS_PER_USER`` of these open; one more is accepted
+and closed at once with ``dashboard_sockets.CLOSE_TOO_MANY`` and a reason the page shows. When a
+socket ends, everything it held goes with it: its tasks, its place in the events group and in
+the count, and whatever the channel layer still kept for it (layers.py, ``forget``).
+
 The browser checks ``seq``: an event that is not the next one means it missed some (channel
 layers drop messages for slow readers, STYLE 14) and it sends ``{"type": "resync"}`` for a new
 snapshot. Other messages from the browser: ``{"type": "logs", "model"}`` (that model's log
@@ -37,7 +42,7 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError
 from django.urls import reverse
 
-from models_app import audit, audit_labels, bridge
+from models_app import audit, audit_labels, bridge, dashboard_sockets, layers
 from models_app.messages import EventMessage, EventPayload, EventsMessage
 from models_app.models import AuditEvent, Preset
 from models_app.roles import Role, role_of
@@ -88,6 +93,14 @@ def preset_facts() -> dict[str, dict[str, Any]]:
 class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Channels: no types
     """One browser tab's live view; see the module doc for the messages."""
 
+    admitted = False  # holds a place among its user's sockets (dashboard_sockets.py)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:  # however it ends (a disconnect, the server cancelling it): drop what it holds
+            self._let_go()
+
     async def connect(self) -> None:
         self.user = self.scope.get("user")
         self.role = await database_sync_to_async(fresh_role)(self.user)
@@ -95,6 +108,11 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Ch
             await self.close(code=CLOSE_FORBIDDEN)  # before accept: the handshake is refused
             return
         self.tasks: set[asyncio.Task[Any]] = set()
+        if not await dashboard_sockets.admit(self.channel_layer, self.user.pk, self.channel_name):
+            await self._refuse()
+            return
+        self.admitted = True
+        dashboard_sockets.OPEN.add(self.user.pk, self.channel_name, self.tasks)
         self.audit_after = 0
         self.nudge = asyncio.Event()
         self.resyncing: asyncio.Task[None] | None = None
@@ -108,12 +126,33 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Ch
             log.warning("dashboard: could not join the events group yet: %s", exc)
             self._spawn(self._join_later())
         self._spawn(self._start())
+        self._spawn(dashboard_sockets.renew(self.channel_layer, self.user.pk, self.channel_name))
+
+    async def _refuse(self) -> None:
+        """Over the cap: accepted, so that the page can read why, and closed at once."""
+        dashboard_sockets.OPEN.refused += 1
+        limit = dashboard_sockets.cap()
+        await self.accept()
+        reason = dashboard_sockets.too_many(self.user.get_username(), limit)
+        await self.close(code=dashboard_sockets.CLOSE_TOO_MANY, reason=reason)
 
     async def disconnect(self, code: int) -> None:
         for task in getattr(self, "tasks", ()):
             task.cancel()
         with contextlib.suppress(Exception):
             await self.channel_layer.group_discard(bridge.EVENTS_GROUP, self.channel_name)
+        if self.admitted:
+            self._let_go()
+            await dashboard_sockets.release(self.channel_layer, self.user.pk, self.channel_name)
+
+    def _let_go(self) -> None:
+        """Cancel the socket's tasks, give back its place, drop what the layer keeps for it."""
+        for task in getattr(self, "tasks", ()):
+            task.cancel()
+        if self.admitted:
+            dashboard_sockets.OPEN.remove(self.user.pk, self.channel_name)
+        if getattr(self, "channel_layer", None) is not None:
+            layers.forget(self.channel_layer, self.channel_name)
 
     async def _join_later(self) -> None:
         delay = 0.5

@@ -162,7 +162,8 @@ if REDIS_URL:
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # Channels' in-memory layer that drops what a closed socket leaves (models_app/layers.py).
+    CHANNEL_LAYERS = {"default": {"BACKEND": "models_app.layers.InMemoryLayer"}}
 
 # Embedded mode never talks to a broker (tasks run inline); the in-memory URL names a host only
 # so that kombu does not warn "No hostname was supplied" on every start.
@@ -240,6 +241,8 @@ ROUTERPANEL = {
     "SSE_KEEPALIVE": envint("ROUTERPANEL_SSE_KEEPALIVE", 15, minimum=1),
     # Free space in the data dir under which /ready and the log warn (megabytes).
     "DISK_WARN_MB": envint("ROUTERPANEL_DISK_WARN_MB", 1024, minimum=0),
+    # Dashboard sockets (panel tabs) one user may have open at once; 0: no cap.
+    "MAX_SOCKETS_PER_USER": envint("ROUTERPANEL_MAX_SOCKETS_PER_USER", 8, minimum=0),
 }
 
 LOG_LEVEL = envstr("LOG_LEVEL", "INFO").upper()

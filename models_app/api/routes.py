@@ -12,8 +12,10 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from channels.layers import get_channel_layer
+
+from models_app import dashboard_sockets, nodes, runtime
 from models_app import metrics as router_metrics
-from models_app import nodes, runtime
 from models_app.api import jsonbody, listing, proxy
 from models_app.api.errors import FEATURE_DISABLED, ApiError, dumps
 from models_app.api.request import Request
@@ -195,5 +197,6 @@ async def metrics(api: Api, request: Request) -> None:
         return
     answer = await api.router.metrics()
     families = [*(answer.get("metrics") or []), *api.usage.counters.families()]  # 17.2
+    families += await dashboard_sockets.families(get_channel_layer())  # issue 45.6
     body = router_metrics.render(families)
     await request.respond(200, body, router_metrics.CONTENT_TYPE)

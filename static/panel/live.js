@@ -2,7 +2,9 @@
 // their seq. An event that is not the next seq means some were lost (channel layers drop
 // messages for slow readers): the page applies it anyway, so it stays fast, and asks for a new
 // snapshot, which is the truth. Events that arrive while a snapshot is on its way are kept and
-// re-applied on top of it. The socket reconnects with exponential back-off (0.5 s … 30 s).
+// re-applied on top of it. The socket reconnects with exponential back-off (0.5 s … 30 s),
+// except when the server closed it because its user has too many tabs open (TOO_MANY, README
+// "Configuration"): the page shows the server's reason and waits for a click on it to try again.
 // With several hosts each node's router counts its own seq: an event names its node, and the
 // merged snapshot gives each node's seq (`seqs`).
 (function () {
@@ -22,6 +24,7 @@
     ),
   );
   const MAX_DELAY = 30000;
+  const TOO_MANY = 4429; // models_app/dashboard_sockets.py CLOSE_TOO_MANY
 
   class Live {
     constructor(path, handlers) {
@@ -41,7 +44,7 @@
 
     start() {
       this.connect();
-      window.addEventListener("online", () => this.connectSoon(0));
+      window.addEventListener("online", () => this.refused || this.connectSoon(0));
     }
 
     connect() {
@@ -60,12 +63,13 @@
         this.call("open");
       };
       ws.onmessage = (e) => this.dispatch(JSON.parse(e.data));
-      ws.onclose = () => {
+      ws.onclose = (e) => {
         if (this.ws !== ws) return;
         for (const resolve of this.pending.values()) resolve({ ok: false, message: "connection lost" });
         this.pending.clear();
         this.call("close");
-        this.connectSoon();
+        if (e.code === TOO_MANY) this.refuse(e.reason || "too many dashboard tabs open: close one");
+        else this.connectSoon();
       };
       ws.onerror = () => {}; // onclose follows and reconnects
     }
@@ -79,6 +83,22 @@
       this.setStatus("reconnecting", `↻ reconnecting in ${Math.ceil(delay / 1000)} s`);
       clearTimeout(this.timer);
       this.timer = setTimeout(() => this.connect(), delay);
+    }
+
+    refuse(reason) {
+      // No reconnecting: every try would be refused until one of the user's tabs closes.
+      this.refused = true;
+      clearTimeout(this.timer);
+      this.setStatus("refused", `✕ ${reason}`);
+      if (this.status) {
+        this.status.title = "click to try again";
+        this.status.onclick = () => {
+          this.refused = false;
+          this.status.onclick = null;
+          this.status.title = "";
+          this.connect();
+        };
+      }
     }
 
     setStatus(state, text) {

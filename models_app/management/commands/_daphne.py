@@ -93,8 +93,11 @@ class RouterPanelServer(Server):
     async def handle_reply(self, protocol: Any, message: dict[str, Any]) -> None:
         """The application's ``send``. A piece of a streamed body, once the head went out, is
         written here as one chunk (see ``chunk_now``); anything else goes Daphne's way, and the
-        end of an answer is sent at once (``send_now``)."""
-        if message["type"] != "http.response.body":
+        end of an answer is sent at once (``send_now``). Daphne drops a WebSocket close's
+        reason: one with a reason is sent here (``close_with_reason``)."""
+        if message["type"] == "websocket.close" and message.get("reason"):
+            close_with_reason(protocol, message, self.connections)
+        elif message["type"] != "http.response.body":
             await super().handle_reply(protocol, message)
         elif message.get("more_body"):
             if not chunk_now(protocol, message.get("body", b"")):
@@ -194,6 +197,17 @@ class _RequestInbox:
             if not getter.done():
                 getter.set_result(None)
                 return
+
+
+def close_with_reason(protocol: Any, message: dict[str, Any], connections: Any) -> None:
+    """Close an open WebSocket with the code and the reason the application gave (the
+    dashboard's "too many tabs"); Daphne's own close sends the code alone."""
+    if protocol not in connections or connections[protocol].get("disconnected"):
+        return
+    if getattr(protocol, "state", None) != protocol.STATE_OPEN:
+        protocol.handle_reply(message)  # not open yet: Daphne refuses the handshake
+        return
+    protocol.sendClose(code=message.get("code") or 1000, reason=message["reason"])
 
 
 def chunk_now(request: Any, body: bytes) -> bool:
