@@ -18,6 +18,7 @@ counted by a recorder around each connection's transport.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +29,10 @@ from models_app.management.commands._uvicorn import ChunkNowProtocol
 from tests.support.uvicorn_server import serving
 
 DEADLINE = 30.0
-BIG = 4 * 1024 * 1024  # more than a loopback socket takes at once: uvicorn pauses writing
+# More than a loopback connection takes at once, so uvicorn pauses writing: the client's receive
+# buffer is kept small (exchange), and the server's send buffer grows to at most tcp_wmem's
+# maximum (4 MiB on Debian; a 4 MiB piece fitted on a machine whose receive side took more).
+BIG = 16 * 1024 * 1024
 
 said: dict[str, list[bool]] = {}
 writes: list[bytes] = []  # every write of every connection, in order
@@ -106,7 +110,11 @@ async def port() -> AsyncIterator[int]:
 async def exchange(
     port: int, request: bytes, *, slow: bool = False, until: bytes = b"\r\n0\r\n\r\n"
 ) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)  # no autotuning past 64 KiB
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
     try:
         writer.write(request)
         if slow:
