@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from models_app.bridge import RouterRejected
 
 ERROR_TYPES = {
@@ -33,6 +35,10 @@ def dumps(value: Any) -> bytes:
     Text that UTF-8 cannot hold (a lone surrogate echoed from a request) is written escaped
     (``\\ud800``) instead of failing: an error body must never be the error.
     """
+    try:
+        return orjson.dumps(value)  # the same text, several times faster (a listing: 8 MB)
+    except (TypeError, orjson.JSONEncodeError):  # what only json takes: a lone surrogate,
+        pass  # an integer past 64 bits, a key that is not a string
     try:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
     except UnicodeEncodeError:

@@ -12,6 +12,7 @@ only, so llama.cpp clients (which ignore unknown keys) keep working (§15.32): t
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from itertools import pairwise
 from typing import Any
 
 from routerpanel.router import presets
@@ -22,9 +23,40 @@ TEXT_ONLY = {"input_modalities": ["text"], "output_modalities": ["text"]}
 
 def render(models: Iterable[Mapping[str, Any]], now: float) -> dict[str, Any]:
     """Return ``{"data": [...], "object": "list"}``, hidden entries left out, in name order."""
-    created = int(now)  # one value for every entry of a response
-    rows = sorted((m for m in models if not m.get("hidden")), key=lambda m: m["name"].encode())
-    return {"data": [entry(m, created) for m in rows], "object": "list"}
+    return _made.render(models, now)
+
+
+class Entries:
+    """Entries kept for the snapshot rows that come again: in the router's own process the
+    engine hands out the same row objects while nothing changed (``facts.Rows``), so with ten
+    thousand presets a listing makes only the entries of what changed. Rows from another
+    process are new objects every time: everything is made, as before."""
+
+    def __init__(self) -> None:
+        self._by_row: dict[int, tuple[Mapping[str, Any], dict[str, Any]]] = {}
+
+    def render(self, models: Iterable[Mapping[str, Any]], now: float) -> dict[str, Any]:
+        created = int(now)  # one value for every entry of a response
+        rows = [m for m in models if not m.get("hidden")]
+        if any(a["name"].encode() > b["name"].encode() for a, b in pairwise(rows)):
+            rows.sort(key=lambda m: m["name"].encode())
+        kept, made = self._by_row, {}
+        data = []
+        for row in rows:
+            found = kept.get(id(row))
+            if found is not None and found[0] is row:
+                made[id(row)] = found
+                item = found[1]
+                item["created"] = created
+            else:
+                item = entry(row, created)
+                made[id(row)] = (row, item)  # the row is held: its id is not reused meanwhile
+            data.append(item)
+        self._by_row = made
+        return {"data": data, "object": "list"}
+
+
+_made = Entries()
 
 
 def entry(model: Mapping[str, Any], created: int) -> dict[str, Any]:

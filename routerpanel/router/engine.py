@@ -313,11 +313,11 @@ class Engine(Inbox):
 
     def snapshot(self) -> dict[str, Any]:
         """Return the whole state, JSON-able; events after its ``seq`` update it."""
-        views, queue = self._scheduler.models(), self._scheduler.queue()
-        facts, holders = self._facts, self._callers.holders()
-        snap = facts.snapshot(
-            self._feed.seq, views, queue, self._spec, holders, self._config, self._wall
-        )
+        scheduler, feed = self._scheduler, self._feed
+        snap = self._facts.snapshot(
+            feed.seq, feed.changes, scheduler.models, scheduler.model, scheduler.queue(),
+            self._spec, self._callers.holders(), self._config, self._wall,
+        )  # fmt: skip
         use = self._scheduler.recent_use(self._clock())  # issue 17.5: who used it lately
         policy = {"policy": self._config.queue_policy.value, "recent_use": use}
         reserved = {name: sorted(o) for name, o in sorted(self._scheduler.reservations().items())}

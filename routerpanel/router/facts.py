@@ -55,6 +55,7 @@ class Facts:
         self._children: dict[str, ChildFacts] = {}
         self.memory: deque[MemorySample] = deque(maxlen=ring)
         self.since = time.time()  # every model is unloaded since the engine was made
+        self._rows = Rows()
 
     def child(self, name: str) -> ChildFacts:
         if (child := self._children.get(name)) is None:
@@ -95,19 +96,29 @@ class Facts:
     def snapshot(
         self,
         seq: int,
-        views: Iterable[ModelView],
+        changes: int,
+        views: Callable[[], Iterable[ModelView]],
+        view_of: Callable[[str], ModelView],
         queue: tuple[QueueEntryView, ...],
         spec_of: Callable[[str], PresetSpec | None],
         holders: dict[str, dict[str, int]],
         config: RouterConfig,
         wall: Callable[[float], float],
     ) -> dict[str, Any]:
+        """The whole state. ``changes``: the feed's count of events that may change any row;
+        while it stands, the rows of models that do not run are the ones made last time."""
         entries, latest = {e.model: e for e in queue}, self.latest
-        models = [
-            model_data(v, spec_of(v.name), self._children.get(v.name) or ChildFacts(self.since),
-                       entries.get(v.name), latest, wall) | {"holders": holders.get(v.name, {})}
-            for v in views
-        ]  # fmt: skip
+
+        def row(v: ModelView) -> dict[str, Any]:
+            child = self._children.get(v.name) or ChildFacts(self.since)
+            data = model_data(v, spec_of(v.name), child, entries.get(v.name), latest, wall)
+            return data | {"holders": holders.get(v.name, {})}
+
+        if self._rows.version == changes:
+            models = self._rows.fresh(lambda name: row(view_of(name)))
+        else:
+            models = [row(v) for v in views()]
+            self._rows.keep(changes, models)
         return {
             "seq": seq,
             "models": models,
@@ -115,6 +126,41 @@ class Facts:
             "memory": None if latest is None else system_data(latest.system),
             "config": dataclasses.asdict(config),
         }
+
+
+class Rows:
+    """The snapshot's model rows, kept between changes: with ten thousand presets, building every
+    row is most of a snapshot's cost (and of ``/models``). Valid while the feed's ``changes``
+    stands; the rows of models that run, stop, wait in the queue, hold a lease or back off
+    (``live``) are built again every time, as memory samples, logs and progress change them
+    without counting as changes. Readers get the same row objects: they copy, never mutate."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self._rows: list[dict[str, Any]] = []
+        self._live: dict[int, str] = {}  # index -> name
+
+    def keep(self, version: int, rows: list[dict[str, Any]]) -> None:
+        self.version, self._rows = version, rows
+        self._live = {i: r["name"] for i, r in enumerate(rows) if live(r)}
+
+    def fresh(self, build: Callable[[str], dict[str, Any]]) -> list[dict[str, Any]]:
+        out = list(self._rows)
+        for i, name in self._live.items():
+            out[i] = build(name)
+        return out
+
+
+def live(row: dict[str, Any]) -> bool:
+    """Whether a row can change without a counted event (see ``Rows``)."""
+    return bool(
+        row["pid"] is not None or row["state"] not in IDLE or row["stopping"] or row["in_flight"]
+        or row["queue_position"] is not None or row["holders"] or row["backoff"]
+        or row["progress"] is not None
+    )  # fmt: skip
+
+
+IDLE = frozenset({"unloaded", "failed", "quarantined"})
 
 
 def child_args(argv: Iterable[str], port: int, host: str = LOOPBACK) -> list[str]:

@@ -104,13 +104,20 @@ class Feed:
     must be quick and must not raise; an exception is logged and the engine goes on.
     """
 
+    # Events that change only what a running model's row says (its memory, its log, its load's
+    # progress): they leave ``changes`` alone, so the rows of the others stay valid (facts.Rows).
+    ONLY_RUNNING = frozenset({Event.MEMORY_SAMPLE, Event.MODEL_LOG, Event.MODEL_PROGRESS})
+
     def __init__(self) -> None:
         self.seq = 0
+        self.changes = 0  # events that may change any model's row
         self._subscribers: set[Subscription] = set()
         self.taps: list[Callable[[EngineEvent], None]] = []
 
     def publish(self, type_: Event, data: Mapping[str, Any]) -> EngineEvent:
         self.seq += 1
+        if type_ not in self.ONLY_RUNNING:
+            self.changes += 1
         event = EngineEvent(self.seq, type_, time.time(), data)
         for tap in self.taps:
             try:
