@@ -51,6 +51,20 @@ def record_preset_change(
     before: dict[str, Any] | None, after: Preset | None, actor: str
 ) -> AuditEvent | None:
     """Audit a preset created (``before`` None), changed, or deleted (``after`` None)."""
+    row = preset_change(before, after, actor)
+    return None if row is None else AuditEvent.objects.record(**_fields_of(row))
+
+
+def record_presets_created(presets: list[Preset], actor: str) -> int:
+    """Audit many presets created at once (an import): one write for all of their rows."""
+    rows = [row for p in presets if (row := preset_change(None, p, actor)) is not None]
+    return AuditEvent.objects.record_many(rows)
+
+
+def preset_change(
+    before: dict[str, Any] | None, after: Preset | None, actor: str
+) -> AuditEvent | None:
+    """The audit row of a preset's change, not yet written; None when nothing changed."""
     new = preset_state(after)
     changes = diff(before, new)
     if not changes:
@@ -62,9 +76,13 @@ def record_preset_change(
     else:
         kind = AuditKind.PRESET_CHANGED
     name = (new or before or {}).get("name", "")
-    return AuditEvent.objects.record(
-        kind, model=name, actor=actor, reason=", ".join(changes), details={"changes": changes}
-    )
+    return AuditEvent(kind=kind, model=name, actor=actor, reason=", ".join(changes),
+                      details={"changes": changes})  # fmt: skip
+
+
+def _fields_of(row: AuditEvent) -> dict[str, Any]:
+    fields = ("kind", "model", "actor", "reason", "details")
+    return {name: getattr(row, name) for name in fields}
 
 
 def record_settings_change(

@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import router, transaction
+from django.db.models.signals import post_save
 
 from models_app import audit, server_options
 from models_app.models import Preset, PresetSource, RouterSettings
@@ -86,12 +87,13 @@ def import_presets(
     audited in the same transaction as ``actor`` (default: the user, else ``cli``).
     ``origin`` records where the presets came from (see ``Origin``).
     """
-    parsed = presets.parse_presets(
-        text,
-        source,
-        default_bin=server_options.default_program(),
-        options_for=server_options.options_for,
-    )
+    with server_options.settings_held():
+        parsed = presets.parse_presets(
+            text,
+            source,
+            default_bin=server_options.default_program(),
+            options_for=server_options.options_for,
+        )
     report = ImportReport(warnings=[str(w) for w in parsed.warnings], dry_run=dry_run)
     actor = actor or (audit.actor_of(user) if user is not None else "cli")
     try:
@@ -125,8 +127,24 @@ def _apply(
 ) -> None:
     # [*] first: each preset's options are checked against the program [*] names (server-bin).
     _apply_global(parsed, report, replace=replace, actor=actor)
+    with server_options.settings_held():  # read once for all, after [*] is applied
+        _apply_presets(parsed, report, replace=replace, user=user, source=source, actor=actor,
+                       keep_aliases=keep_aliases)  # fmt: skip
+
+
+def _apply_presets(
+    parsed: presets.ParsedPresets,
+    report: ImportReport,
+    *,
+    replace: bool,
+    user: object | None,
+    source: str,
+    actor: str,
+    keep_aliases: bool,
+) -> None:
     existing = {p.name: p for p in Preset.objects.select_for_update()}
     errors: list[ini.IniError] = []  # every preset the database refuses, reported at once
+    created: list[Preset] = []  # written together after the loop (ten thousand: one insert)
     for definition in parsed.presets:
         row = existing.get(definition.name)
         if row is not None and keep_aliases and definition.name not in parsed.aliased:
@@ -150,11 +168,14 @@ def _apply(
         except ini.IniError as exc:
             errors.append(exc)
             continue
+        if before is None:
+            created.append(row)
+            continue
         row.save()
-        if before is not None:
-            report.changes[definition.name] = audit.diff(before, audit.preset_state(row))
+        report.changes[definition.name] = audit.diff(before, audit.preset_state(row))
         audit.record_preset_change(before, row, actor)
     ini.raise_all(errors)  # inside the transaction: nothing of the file is kept
+    _create(created, actor)
     if replace:
         named = {d.name for d in parsed.presets}
         for name, row in existing.items():
@@ -164,6 +185,16 @@ def _apply(
                 audit.record_preset_change(before, None, actor)
                 report.deleted.append(name)
     _check_stored_aliases(source)
+
+
+def _create(rows: list[Preset], actor: str) -> None:
+    """Insert the new presets in batches, audit them, and send each one's ``post_save`` as a
+    save would (the GGUF inspection after the commit listens to it)."""
+    Preset.objects.bulk_create(rows, batch_size=500)
+    audit.record_presets_created(rows, actor)
+    for row in rows:
+        post_save.send(sender=Preset, instance=row, created=True, update_fields=None, raw=False,
+                       using=router.db_for_write(Preset))  # fmt: skip
 
 
 def _claim(parsed: presets.ParsedPresets, report: ImportReport, origin: Origin, actor: str) -> None:
@@ -201,7 +232,9 @@ def _apply_global(
 
 def _full_clean(row: Preset, source: str, line: int) -> None:
     try:
-        row.full_clean()
+        # Names are unique already: each new one is neither stored (``existing``) nor twice in
+        # the file (the parser refuses that), so no query per preset asks the database again.
+        row.full_clean(validate_unique=False)
     except ValidationError as exc:
         details = "; ".join(
             f"{field}: {' '.join(msgs)}" for field, msgs in exc.message_dict.items()
@@ -237,4 +270,5 @@ def export_presets(*, llama_compatible: bool = False, header: str | None = None)
 
 def skipped_by_llama_export() -> list[str]:
     """Presets a llama.cpp-compatible export leaves out (own server binary, or disabled)."""
-    return [p.name for p in Preset.objects.order_by("name") if p.server_bin or not p.enabled]
+    left_out = Preset.objects.exclude(server_bin="", enabled=True).order_by("name")
+    return list(left_out.values_list("name", flat=True))

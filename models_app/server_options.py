@@ -12,6 +12,8 @@ keys b11434 does not know are accepted with a warning instead of being rejected.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 import os
@@ -19,6 +21,8 @@ import shlex
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
+from typing import Any
 
 from routerpanel.router import helptext, options, presets
 
@@ -31,8 +35,20 @@ _SCRUBBED_PREFIXES = ("LLAMA_",)
 
 def options_for(command: str) -> options.Catalogue:
     """Return the options ``command`` accepts, or why they cannot be read."""
+    held = _held.get()
+    key = "\0options " + command  # beside program_for's entries (server-bin values)
+    if held is not None and key in held:
+        kept: options.Catalogue = held[key]
+        return kept
+    found = _options_for(command)
+    if held is not None:
+        held[key] = found
+    return found
+
+
+def _options_for(command: str) -> options.Catalogue:
     try:
-        argv = shlex.split(command)
+        argv = _split(command)
     except ValueError as exc:
         return options.Unreadable(command, str(exc))
     if not argv:
@@ -46,6 +62,12 @@ def options_for(command: str) -> options.Catalogue:
     except OSError as exc:
         return options.Unreadable(command, exc.strerror or str(exc))
     return _read_help((path, *argv[1:]), command, real, mtime)
+
+
+@functools.lru_cache(maxsize=256)
+def _split(command: str) -> tuple[str, ...]:
+    """A command's argv, split as a shell would (an import checks thousands of presets)."""
+    return tuple(shlex.split(command))
 
 
 @functools.lru_cache(maxsize=64)
@@ -95,8 +117,30 @@ def program_for(server_bin: str) -> str:
     """Return the command that runs a preset whose own server-bin is ``server_bin``."""
     from models_app.models import RouterSettings
 
+    held = _held.get()
+    if held is not None and server_bin in held:
+        program: str = held[server_bin]
+        return program
     global_def = RouterSettings.load().global_def()
-    return presets.program_of(server_bin, global_def, default_program())
+    program = presets.program_of(server_bin, global_def, default_program())
+    if held is not None:
+        held[server_bin] = program
+    return program
+
+
+_held: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("held", default=None)
+
+
+@contextlib.contextmanager
+def settings_held() -> Iterator[None]:
+    """Within the block, each preset's program is worked out from the settings once, and each
+    program's options are looked up once (an import checks thousands of presets, each one
+    against its program's options)."""
+    token = _held.set({})
+    try:
+        yield
+    finally:
+        _held.reset(token)
 
 
 def catalogue_for(server_bin: str) -> options.Catalogue:

@@ -6,6 +6,7 @@ the way llama.cpp does (C's ``stoi``) and only warns.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import shlex
@@ -83,12 +84,18 @@ def format_size(size: int) -> str:
 def check_server_bin(value: str) -> str:
     """Check that ``value`` splits like a shell command line; it is never run through a shell."""
     try:
-        words = shlex.split(value)
+        words = _split(value)
     except ValueError as exc:
         raise ValueError(f"server-bin = {value!r}: {exc}") from None
     if not words:
         raise ValueError("server-bin is empty")
     return value
+
+
+@functools.lru_cache(maxsize=256)
+def _split(value: str) -> tuple[str, ...]:
+    """Split once per command line (a file of ten thousand presets names a handful)."""
+    return tuple(shlex.split(value))
 
 
 def split_list(value: str) -> tuple[str, ...]:
