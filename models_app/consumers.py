@@ -42,7 +42,7 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError
 from django.urls import reverse
 
-from models_app import audit, audit_labels, bridge, dashboard_sockets, layers
+from models_app import audit, audit_labels, bridge, dashboard_sockets, dashboard_view, layers
 from models_app.messages import EventMessage, EventPayload, EventsMessage
 from models_app.models import AuditEvent, Preset
 from models_app.roles import Role, role_of
@@ -85,9 +85,11 @@ def audit_row(row: AuditEvent) -> dict[str, Any]:
     }
 
 
-def preset_facts() -> dict[str, dict[str, Any]]:
-    rows = Preset.objects.values_list("name", "pk", "memory_estimate", "gguf_estimate")
-    return {name: {"id": pk, "estimate": own or gguf} for name, pk, own, gguf in rows}
+def preset_facts(names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each shown model's preset id and memory estimate."""
+    rows = Preset.objects.filter(name__in=names)
+    rows_ = rows.values_list("name", "pk", "memory_estimate", "gguf_estimate")
+    return {name: {"id": pk, "estimate": own or gguf} for name, pk, own, gguf in rows_}
 
 
 class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Channels: no types
@@ -119,6 +121,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Ch
         self.resync_again = False
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.wants_memory = query.get("memory", ["1"])[0] != "0"  # the logs page needs none
+        self.view = dashboard_view.View.of({key: values[0] for key, values in query.items()})
         await self.accept()
         try:
             await self.channel_layer.group_add(bridge.EVENTS_GROUP, self.channel_name)
@@ -257,12 +260,14 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Ch
         delay = SNAPSHOT_RETRY
         while True:
             answer = await common.call_router({"type": "router.snapshot"})
+            shown = None if answer.body is None else dashboard_view.select(answer.body, self.view)
+            names = dashboard_view.shown_names(shown or {})
             try:
-                presets = await database_sync_to_async(preset_facts)()
+                presets = await database_sync_to_async(preset_facts)(names)
             except Exception:  # the database away: the page keeps its preset facts
                 presets = {}
-            if answer.body is not None:
-                snapshot = {"type": "snapshot", "snapshot": answer.body, "presets": presets}
+            if shown is not None:
+                snapshot = {"type": "snapshot", "snapshot": shown, "presets": presets}
                 await self.send_json(snapshot)
                 return
             await self.send_json({"type": "snapshot", "error": answer.error, "presets": presets})

@@ -16,7 +16,7 @@ from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from models_app import audit, nodes, queue_reasons, reservations
+from models_app import audit, dashboard_view, nodes, queue_reasons, reservations
 from models_app.models import AuditEvent, Preset
 from models_app.roles import Role, require
 from models_app.views import actions, common, memory
@@ -27,8 +27,12 @@ FEED_ROWS = 12
 @require_GET
 @require(Role.VIEWER)
 def dashboard(request: HttpRequest) -> HttpResponse:
+    view = dashboard_view.View.of(request.GET)
     snap, router_error = common.snapshot()
-    presets = {p.name: p for p in Preset.objects.all()}
+    if snap is None:  # the router away: the presets the database has, as the router would list
+        snap = {"models": _stored_models(), "queue": []}
+    snap = dashboard_view.select(snap, view)
+    presets = {p.name: p for p in Preset.objects.filter(name__in=dashboard_view.shown_names(snap))}
     cards = model_cards(snap, presets)
     queue = queue_rows(snap)
     waits = {q["model"]: q for q in queue}
@@ -47,27 +51,44 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "system": (snap or {}).get("memory"),
         "nodes": (snap or {}).get("nodes") or [],  # several hosts (issue 18)
         "feed": AuditEvent.objects.all()[:FEED_ROWS],
+        "counts": snap["counts"],
+        "view": snap["view"],
+        "pager": _pager(view, snap["view"]),
+        "ws_query": view.query(),
         "preset_ids": {name: p.pk for name, p in presets.items()},
         "now": time.time(),
     }
     return render(request, "panel/dashboard.html", context)
 
 
-def model_cards(snap: dict[str, Any] | None, presets: dict[str, Preset]) -> list[dict[str, Any]]:
-    """One card per model: the router's view when it answered, else what the database says."""
-    if snap is not None:
-        cards = []
-        for row in snap.get("models", []):
-            preset = presets.get(row["name"])
-            cards.append(_flags(row | _preset_facts(preset)))
-            since = row.get("state_since")
-            cards[-1]["in_state"] = max(0.0, time.time() - since) if since else None
-        return cards
-    return [
-        _flags({"name": p.name, "state": "unknown", "pinned": bool(p.pinned), **_preset_facts(p)})
-        for p in presets.values()
-        if p.enabled
-    ]
+def model_cards(snap: dict[str, Any], presets: dict[str, Preset]) -> list[dict[str, Any]]:
+    """One card per model shown: the router's view when it answered, else the database's."""
+    cards = []
+    for row in snap.get("models", []):
+        preset = presets.get(row["name"])
+        cards.append(_flags(row | _preset_facts(preset)))
+        since = row.get("state_since")
+        cards[-1]["in_state"] = max(0.0, time.time() - since) if since else None
+    return cards
+
+
+def _stored_models() -> list[dict[str, Any]]:
+    rows = Preset.objects.filter(enabled=True).values_list("name", "aliases", "pinned")
+    return [{"name": name, "aliases": aliases or [], "state": "unknown", "pinned": bool(pinned)}
+            for name, aliases, pinned in rows]  # fmt: skip
+
+
+def _pager(view: dashboard_view.View, shown: dict[str, Any]) -> dict[str, Any]:
+    """Links to the previous and next page of idle models (None at either end)."""
+    page, pages = shown["page"], shown["pages"]
+    first = (page - 1) * shown["per_page"] + 1
+    return {
+        "previous": "?" + view.query(page - 1) if page > 1 else None,
+        "next": "?" + view.query(page + 1) if page < pages else None,
+        "first": first,
+        "page": page,
+        "pages": pages,
+    }
 
 
 DOWN = frozenset({"unloaded", "failed", "quarantined", "unknown"})

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from django.contrib import messages
+from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
@@ -25,6 +26,8 @@ from models_app.roles import Role, require
 from models_app.views import common
 from routerpanel.router import ini
 
+PER_PAGE = 100  # presets on a page of the list
+SKIPPED_NAMED = 10  # presets the llama.cpp export leaves out, named (the rest counted)
 PRESET_KINDS = (AuditKind.PRESET_CREATED, AuditKind.PRESET_CHANGED, AuditKind.PRESET_DELETED)
 # The audited fields the form edits under other names.
 STATE_LABELS = {"aliases": "Aliases", "memory_estimate": "Memory estimate", "args": "Options",
@@ -34,6 +37,12 @@ STATE_LABELS = {"aliases": "Aliases", "memory_estimate": "Memory estimate", "arg
 @require_GET
 @require(Role.VIEWER)
 def preset_list(request: HttpRequest) -> HttpResponse:
+    """A page of presets (``?q=`` searches names and aliases, ``?page=``), with their state."""
+    q = request.GET.get("q", "").strip()[:200]
+    found = Preset.objects.select_related("updated_by").order_by("name")
+    if q:
+        found = found.filter(Q(name__icontains=q) | Q(aliases__icontains=q))
+    page = Paginator(found, PER_PAGE).get_page(request.GET.get("page"))
     snap, router_error = common.snapshot()
     states = {m["name"]: m for m in (snap or {}).get("models", [])}
     settings_row = RouterSettings.load()
@@ -44,10 +53,14 @@ def preset_list(request: HttpRequest) -> HttpResponse:
             "estimate": p.memory_estimate or p.gguf_estimate,
             "effective": specs.effective(p, settings_row),
         }
-        for p in Preset.objects.select_related("updated_by")
+        for p in page
     ]
     skipped = presets_io.skipped_by_llama_export()
-    context = {"rows": rows, "router_error": router_error, "llama_skipped": skipped}
+    context = {
+        "rows": rows, "page": page, "q": q, "total": Preset.objects.count(),
+        "router_error": router_error, "llama_skipped": skipped[:SKIPPED_NAMED],
+        "llama_skipped_more": max(0, len(skipped) - SKIPPED_NAMED),
+    }  # fmt: skip
     return render(request, "panel/presets/list.html", context)
 
 
