@@ -17,7 +17,7 @@ from models_app.roles import Role
 from routerpanel.router.catalogue import Event
 from tests.support.dashboard_socket import TIMEOUT, connect, receive
 from tests.support.panel import RouterStub, make_user
-from tests.support.waits import polled
+from tests.support.waits import polled, settled
 
 pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -108,6 +108,6 @@ async def test_a_group_message_goes_only_to_members_of_that_moment() -> None:
     await asyncio.sleep(0)  # the send has begun: Channels' own has made a task per member
     await layer.group_discard("g", leave)  # the member leaves meanwhile, as a closing tab does
     layer.forget(leave)
-    await sending
+    await settled(sending)
     assert await asyncio.wait_for(layer.receive(stay), 1) == {"type": "x"}
     assert leave not in layer.channels  # not made again by a send that began before
