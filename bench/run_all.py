@@ -7,7 +7,8 @@ streaming throughput, RouterPanel and llama.cpp's router vs direct), calls.py (f
 per request in serve on Daphne and on uvicorn, counted), swap_routers.py (time to
 first byte of a forced swap, and swap.py's scheduling part alone), scale.py (10,000 waiters over
 200 presets), memory.py (RouterPanel's own RSS), panel_latency.py (router event to dashboard, in
-headless Chromium), burst.py (1,000 concurrent requests over 3 models with models_max 2).
+headless Chromium), burst.py (1,000 concurrent requests over 3 models with models_max 2),
+presets10k.py (10,000 presets: import, start-up, /v1/models, the dashboard, memory).
 ``--quick`` runs every part with small counts to check that it works; its numbers are not worth
 reporting.
 """
@@ -24,7 +25,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import burst, calls, common, memory, panel_latency, proxy, scale, swap_routers
+from bench import (
+    burst,
+    calls,
+    common,
+    memory,
+    panel_latency,
+    presets10k,
+    proxy,
+    scale,
+    swap_routers,
+)
 from bench.common import Table
 
 COMMAND = ".venv/bin/python bench/run_all.py --out bench/results/latest.md"
@@ -40,6 +51,7 @@ def parts(quick: bool) -> dict[str, Callable[[], list[Table]]]:
             "memory": lambda: memory.run(seconds=3),
             "panel": lambda: panel_latency.run(cycles=2),
             "burst": lambda: burst.run(requests=100),
+            "presets": lambda: presets10k.run(presets=300),
         }
     return {
         "proxy": proxy.run,
@@ -49,6 +61,7 @@ def parts(quick: bool) -> dict[str, Callable[[], list[Table]]]:
         "memory": memory.run,
         "panel": panel_latency.run,
         "burst": burst.run,
+        "presets": presets10k.run,
     }
 
 
