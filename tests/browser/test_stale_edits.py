@@ -41,7 +41,7 @@ def test_a_stale_preset_form_is_refused_and_shows_both_changes(
     assert "Stop timeout\t5\t—" in table and "Idle TTL\t300\t—" in table
     assert "Aliases\t—\tstale-alias" in table
     assert bea.locator("#id_aliases_text").input_value() == "stale-alias"  # kept on the page
-    screenshot(bea, "panel-stale-edit.png")
+    screenshot(bea, "panel-stale-edit.png", height=560)  # the banner and the model's fields
     ada.goto(edit.removesuffix("edit/"))
     stored = ada.locator("dl.kv").first.inner_text()
     assert "stale-alias" not in stored and "300" in stored  # ada's change stands

@@ -177,10 +177,16 @@ def add_user(page: Any, server: PanelServer, username: str, role: str) -> str:
     return password
 
 
-def screenshot(page: Any, name: str) -> None:
-    """Write a PNG: under docs/ (shown in the README) when refreshing, else test-artifacts/."""
+def screenshot(page: Any, name: str, *, height: int | None = None) -> None:
+    """Write a PNG: under docs/ (shown in the README) when refreshing, else test-artifacts/.
+    ``height``: only the top of the page, that many pixels."""
     SHOTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(SHOTS / name), full_page=True)
+    if height is None:
+        page.screenshot(path=str(SHOTS / name), full_page=True)
+    else:
+        width = page.viewport_size["width"]
+        page.screenshot(path=str(SHOTS / name), clip={"x": 0, "y": 0, "width": width,
+                                                       "height": height})  # fmt: skip
 
 
 # ---- the dashboard page ----------------------------------------------------------------------
