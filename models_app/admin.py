@@ -8,18 +8,72 @@ django-celery-beat's periodic tasks (task ``models_app.tasks.preload_model``, ar
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+from django.forms.models import construct_instance
 from django.http import HttpRequest
 
-from models_app import audit
-from models_app.models import ApiKey, AuditEvent, Preset, RouterSettings
+from models_app import audit, edits
+from models_app.models import ApiKey, AuditEvent, AuditKind, Preset, RouterSettings
+
+PRESET_KINDS = (AuditKind.PRESET_CREATED, AuditKind.PRESET_CHANGED, AuditKind.PRESET_DELETED)
+
+
+def stale_checked(
+    kind: type[Preset] | type[RouterSettings],
+    state: Callable[[Any], dict[str, Any] | None],
+    what: Callable[[Any], str],
+    changed: Callable[[Any], Q],
+) -> type[forms.ModelForm]:
+    """The admin's change form for ``kind``, carrying the version it was opened at: a save
+    against a newer version (the panel, an import, another admin) is refused with who and when,
+    and the refused form carries the new version, as the panel's forms do (edits.py)."""
+
+    class Form(forms.ModelForm):
+        seen_version = forms.CharField(widget=forms.HiddenInput, required=False)
+
+        class Meta:
+            model = kind
+            fields = "__all__"
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            opened = state(self.instance) if self.instance.pk else None
+            self.fields[edits.SEEN].initial = edits.version(opened)
+
+        def clean(self) -> dict[str, Any]:
+            cleaned: dict[str, Any] = super().clean()
+            if self.instance.pk is None:  # adding: there is nothing to be stale against
+                return cleaned
+            if not cleaned.get(edits.SEEN):
+                raise forms.ValidationError(MISSING_VERSION)
+            stored = kind.objects.select_for_update().filter(pk=self.instance.pk).first()
+            posted = construct_instance(self, copy.copy(self.instance))  # what saving writes
+            try:  # the admin's change view runs in a transaction: the row stays locked
+                edits.check(edits.seen(self), state(stored) if stored else None,
+                            state(posted) or {}, what=what(stored or self.instance),
+                            changed=changed(stored or self.instance))  # fmt: skip
+            except edits.Stale as stale:
+                edits.refused(self, stale)
+            return cleaned
+
+    return Form
+
+
+MISSING_VERSION = "This form was opened before saves were checked: reload it."
 
 
 @admin.register(Preset)
 class PresetAdmin(admin.ModelAdmin):
+    form = stale_checked(
+        Preset, audit.preset_state, lambda p: p.name,
+        lambda p: Q(kind__in=PRESET_KINDS, model=p.name),
+    )  # fmt: skip
     list_display = ("name", "model_path", "enabled", "pinned", "stop_timeout", "updated_at")
     list_filter = ("enabled", "pinned", "load_on_startup")
     search_fields = ("name", "model_path")
@@ -33,7 +87,7 @@ class PresetAdmin(admin.ModelAdmin):
         ),
         ("Memory", {"fields": ("memory_estimate", "gguf_estimate", "gguf_facts")}),
         ("Advanced", {"fields": ("server_bin",)}),
-        ("History", {"fields": ("created_at", "updated_at", "updated_by")}),
+        ("History", {"fields": ("created_at", "updated_at", "updated_by", edits.SEEN)}),
     )
 
     def save_model(self, request: HttpRequest, obj: Preset, form: Any, change: bool) -> None:
@@ -54,6 +108,10 @@ class PresetAdmin(admin.ModelAdmin):
 
 @admin.register(RouterSettings)
 class RouterSettingsAdmin(admin.ModelAdmin):
+    form = stale_checked(
+        RouterSettings, audit.settings_state, lambda _: "The router settings",
+        lambda _: Q(kind=AuditKind.SETTINGS_CHANGED, node=""),
+    )  # fmt: skip
     readonly_fields = ("updated_at", "updated_by")
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -14,11 +14,13 @@ having to bump anything.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -51,11 +53,17 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+def version(state: dict[str, Any] | None) -> str:
+    """What a form carries: the fingerprint, and when it was opened (``@`` unix time; the
+    audit rows from then on say who changed the row since)."""
+    return f"{fingerprint(state)}@{time.time():.3f}"
+
+
 def add_seen(form: forms.BaseForm, state: dict[str, Any] | None) -> None:
     """Give ``form`` the hidden field holding the version of what it edits as it is opened."""
     form.fields[SEEN] = forms.CharField(
         widget=forms.HiddenInput,
-        initial=fingerprint(state),
+        initial=version(state),
         error_messages={"required": "This form was opened before saves were checked: reload it."},
     )
 
@@ -63,7 +71,8 @@ def add_seen(form: forms.BaseForm, state: dict[str, Any] | None) -> None:
 def add_seen_each(form: forms.BaseForm, states: dict[str, dict[str, Any]]) -> None:
     """The same for a form that picks what it edits when posted (a quota's subject): the
     version of each choice that has a row as the form is opened."""
-    versions = {key: fingerprint(state) for key, state in states.items()}
+    versions = {key: version(state) for key, state in states.items()}
+    versions["@"] = f"{time.time():.3f}"  # when it was opened, for the choices with no row
     add_seen(form, None)
     form.fields[SEEN].initial = json.dumps(versions, sort_keys=True)
 
@@ -74,8 +83,9 @@ def seen(form: forms.BaseForm, key: str | None = None, absent: Any = None) -> st
     value = str(form.cleaned_data.get(SEEN, ""))
     if key is None:
         return value
-    found = _versions(value).get(key)
-    return str(found) if found is not None else fingerprint(absent)
+    versions = _versions(value)
+    found = versions.get(key)
+    return str(found) if found is not None else f"{fingerprint(absent)}@{versions.get('@', '')}"
 
 
 @dataclass
@@ -122,7 +132,7 @@ class Stale(Exception):
 
     @property
     def version(self) -> str:
-        return fingerprint(self.theirs)
+        return version(self.theirs)
 
     def rows(self) -> list[tuple[str, Any, Any]]:
         """(label, theirs, yours) for each value the two differ in."""
@@ -155,8 +165,11 @@ def check(
 ) -> None:
     """Raise ``Stale`` unless the row's values (``current``, read under a lock) are still at the
     version ``opened`` (``seen(form)``). ``changed``: the audit rows recording changes to it."""
-    if fingerprint(current) == opened:
+    carried, _, when = opened.partition("@")
+    if fingerprint(current) == carried:
         return
+    with contextlib.suppress(ValueError):  # only the changes made since it was opened
+        changed &= Q(time__gte=datetime.fromtimestamp(float(when), tz=UTC))
     raise Stale(what, Change.last(changed), current, yours, labels or {}, plural)
 
 
@@ -167,7 +180,7 @@ def refused(form: forms.BaseForm, stale: Stale) -> None:
     form.data = data
     if not stale.labels:
         stale.labels = labels_of(form)
-    form.add_error(None, stale.message)
+    form.add_error(None, said(stale))
     form.stale = stale
 
 

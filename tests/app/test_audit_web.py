@@ -19,6 +19,7 @@ from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
 from models_app.presets_io import import_presets
 from tests.support.admin import FORM
 from tests.support.asgi import AsgiClient, django_stand_in
+from tests.support.opened import opened
 
 CHANGE_SETTINGS = {
     "models_max": "2", "memory_headroom": "0", "settle_timeout": "10", "max_waiters": "",
@@ -55,6 +56,7 @@ class TestPresetAdmin:
 
         url = f"/admin/models_app/preset/{preset.pk}/change/"
         changed_form = {**form, "stop_timeout": "30", "args": '[["ctx-size", "8192"]]'}
+        changed_form |= opened(admin_client, url)  # the version the change page carries
         assert admin_client.post(url, changed_form).status_code == 302
         (changed,) = rows(AuditKind.PRESET_CHANGED)
         assert changed.details["changes"] == {
@@ -73,7 +75,8 @@ class TestPresetAdmin:
         form = {**FORM, "name": "org/tiny:Q8_0"}
         admin_client.post("/admin/models_app/preset/add/", form)
         preset = Preset.objects.get()
-        admin_client.post(f"/admin/models_app/preset/{preset.pk}/change/", form)
+        url = f"/admin/models_app/preset/{preset.pk}/change/"
+        assert admin_client.post(url, form | opened(admin_client, url)).status_code == 302
         assert rows(AuditKind.PRESET_CHANGED) == []
 
 
@@ -81,7 +84,8 @@ class TestSettingsAdmin:
     def test_a_settings_change_is_audited_with_its_diff(self, admin_client: Client) -> None:
         RouterSettings.load()
         url = "/admin/models_app/routersettings/1/change/"
-        assert admin_client.post(url, CHANGE_SETTINGS).status_code == 302
+        body = CHANGE_SETTINGS | opened(admin_client, url)
+        assert admin_client.post(url, body).status_code == 302
         (row,) = rows(AuditKind.SETTINGS_CHANGED)
         assert row.actor == "user:admin"
         assert row.details["changes"] == {

@@ -184,3 +184,35 @@ class TestQuota:
             "no quota" in bea_client.post("/usage/quotas/", removed, follow=True).content.decode()
         )
         assert not Quota.objects.filter(user=viewer).exists()  # a fresh page: saved
+
+
+class TestDjangoAdmin:
+    def test_a_stale_admin_form_is_refused_and_saving_it_again_replaces(
+        self, panel_router: RouterStub
+    ) -> None:
+        from django.contrib.auth import get_user_model
+
+        from tests.support.admin import FORM
+
+        make = get_user_model().objects.create_superuser
+        admin_client, bea_client = (client_for(make(n, password="x")) for n in ("root", "bea"))
+
+        name = "org/tiny:Q8_0"
+        assert (
+            admin_client.post("/admin/models_app/preset/add/", {**FORM, "name": name}).status_code
+            == 302
+        )
+        preset = Preset.objects.get()
+        url = f"/admin/models_app/preset/{preset.pk}/change/"
+        bea_opened = opened(bea_client, url)
+        Preset.objects.filter(pk=preset.pk).update(ttl=300)  # changed meanwhile, elsewhere
+
+        refused = bea_client.post(url, {**FORM, "name": name, "ttl": "5"} | bea_opened)
+        assert refused.status_code == 200
+        text = refused.content.decode()
+        assert f"{name} was changed by someone after you opened this form" in text
+        assert "Idle TTL: theirs 300, yours 5" in text
+        assert Preset.objects.get().ttl == 300
+        again = refused.context["adminform"].form["seen_version"].value()
+        done = bea_client.post(url, {**FORM, "name": name, "ttl": "5", "seen_version": again})
+        assert done.status_code == 302 and Preset.objects.get().ttl == 5
