@@ -139,6 +139,12 @@ ROUTERPANEL_LINK_PORT = envint("ROUTERPANEL_LINK_PORT", None, minimum=0)
 ROUTERPANEL_NODE = envstr("ROUTERPANEL_NODE")
 ROUTERPANEL_ADVERTISE = envstr("ROUTERPANEL_ADVERTISE", "127.0.0.1")
 ROUTERPANEL_CHILD_KEYS = envstr("ROUTERPANEL_CHILD_KEYS", "auto")
+# A burst must overflow neither a router's channel ("router", or "router.<node>" with several
+# hosts) nor a web process's reply channels (all of one process's replies share one Redis key):
+# a lost reply is seconds of waiting (bridge.QUEUED_RECHECK). Messages carry their deadlines.
+# Channels reads each key as a glob matched whole: "router" alone left "router.studio-1" at the
+# default capacity (1,000).
+CHANNEL_CAPACITY = {"router": 100_000, "router.*": 100_000, "specific.*": 100_000}
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -153,10 +159,7 @@ if REDIS_URL:
                 ],
                 "prefix": f"{ROUTERPANEL_REDIS_PREFIX}:asgi:",
                 "capacity": 1000,
-                # A burst must overflow neither the router's channel nor a web process's reply
-                # channels (all of one process's replies share one Redis key): a lost reply is
-                # seconds of waiting (bridge.QUEUED_RECHECK). Messages carry their deadlines.
-                "channel_capacity": {"router": 100_000, "specific.*": 100_000},
+                "channel_capacity": CHANNEL_CAPACITY,
                 "expiry": 30,
             },
         }
