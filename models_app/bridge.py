@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from channels.layers import BaseChannelLayer, get_channel_layer
 from django.conf import settings
 
-from models_app import liveness, nodes, routerlink
+from models_app import liveness, nodes, routerlink, topology
 from models_app.messages import (
     AcceptedMessage,
     AcquireAnswer,
@@ -249,7 +249,7 @@ class RouterClient:
 
     @property
     def channel(self) -> str:
-        return nodes.channel(self.node or "")
+        return topology.channel(self.node or "")
 
     async def _placed(self, model: str | None) -> RouterClient:
         """The client of the node ``model``'s request goes to (nodes.place); self when bound or

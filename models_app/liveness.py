@@ -27,7 +27,7 @@ from typing import Any
 
 from django.conf import settings
 
-from models_app import nodes
+from models_app import topology
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ POKE_GAP = 0.05  # a poked beat waits this long, so that a burst of changes make
 
 def heartbeat_key(node: str = "") -> str:
     """The beat's key: the unnamed router's, or node ``node``'s (nodes.py)."""
-    return nodes.heartbeat_key(node)
+    return topology.heartbeat_key(node)
 
 
 def redis_client(url: str | None = None, timeout: float = 2.0) -> Any:
@@ -94,7 +94,7 @@ class Heartbeat:
         tcp: str = "",
     ) -> None:
         self.boot = boot
-        self.node, self.advertise = nodes.check_name(node), advertise
+        self.node, self.advertise = topology.check_name(node), advertise
         self.status = status  # what the beat tells about the node (placement reads it)
         self.link = link  # the address the router's data path listens on, advertised
         self.tcp = tcp  # and its TCP address, for web processes on other hosts
@@ -138,7 +138,7 @@ class Heartbeat:
         try:
             await client.set(heartbeat_key(self.node), self.value(), px=int(self.ttl * 1000))
             if self.node:  # known from now on, and shown as lost once it stops beating
-                await client.hset(nodes.members_key(), self.node, str(time.time()))
+                await client.hset(topology.members_key(), self.node, str(time.time()))
         except Exception as exc:  # Redis away: keep serving, keep trying
             if self.failures == 0:
                 self.outage_since = time.monotonic()
@@ -186,7 +186,7 @@ class RouterWatch:
     def __init__(
         self, node: str = "", *, poll: float = POLL_EVERY, dead_after: float = DEAD_AFTER
     ) -> None:
-        self.node = nodes.check_name(node)  # whose beat: the unnamed router's or a node's
+        self.node = topology.check_name(node)  # whose beat: the unnamed router's or a node's
         self.poll, self.dead_after = poll, dead_after
         self.beat: Beat | None = None
         self.seen_at: float | None = None  # monotonic time of the last fresh beat

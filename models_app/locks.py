@@ -32,7 +32,7 @@ from typing import Any, TextIO
 import psutil
 from django.conf import settings
 
-from models_app import nodes
+from models_app import topology
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class RouterLock:
         self.owner = Owner.me(boot, node)
         self.path = (data_dir or settings.DATA_DIR) / FILE_NAME
         self.redis_url = redis_url
-        self.key = nodes.lock_key(node)  # one router per node name; "" the unnamed router
+        self.key = topology.lock_key(node)  # one router per node name; "" the unnamed router
         self._file: TextIO | None = None
         self.took_over: Owner | None = None  # a dead owner this lock replaced
 

@@ -8,8 +8,9 @@ so that a node that stops beating is still known, and shown as lost, until an op
 it. The single router of a one-host installation has no name: channel ``router``, the keys of
 before, nothing in the set — a one-host installation does not change.
 
-Names only, here: the keys and channels, and the directory web processes read. Liveness of one
-router (the beat, the watch) is ``liveness.py``; the lock is ``locks.py``.
+Here: the directory web processes read, placement and the merged views. The names, keys and
+channels are ``topology.py``; the liveness of one router (the beat, the watch) is
+``liveness.py``; the lock is ``locks.py``.
 """
 
 from __future__ import annotations
@@ -24,51 +25,14 @@ from typing import Any
 
 from django.conf import settings
 
+from models_app import liveness
 from models_app.singleflight import SingleFlight
+from models_app.topology import heartbeat_key, members_key
 from routerpanel.router import placement
-from routerpanel.router.config import node_names_problem
 from routerpanel.router.states import DOWN
 
 log = logging.getLogger(__name__)
 DOWN_NAMES = frozenset(state.value for state in DOWN)
-
-UNNAMED_CHANNEL = "router"
-
-
-def check_name(node: str) -> str:
-    """Return ``node`` if it is a valid node name ("" = the unnamed router); else ValueError."""
-    if not node:
-        return node
-    problem = node_names_problem([node])
-    if problem is None and len(node) > 64:
-        problem = f"node name {node!r} is longer than 64 characters"
-    if problem is not None:
-        raise ValueError(problem)
-    return node
-
-
-def channel(node: str = "") -> str:
-    """The channel a node's router listens on."""
-    return f"{UNNAMED_CHANNEL}.{check_name(node)}" if node else UNNAMED_CHANNEL
-
-
-def _key(node: str, what: str) -> str:
-    prefix = settings.ROUTERPANEL_REDIS_PREFIX
-    return f"{prefix}:node:{check_name(node)}:{what}" if node else f"{prefix}:router:{what}"
-
-
-def heartbeat_key(node: str = "") -> str:
-    return _key(node, "heartbeat")
-
-
-def lock_key(node: str = "") -> str:
-    return _key(node, "lock")
-
-
-def members_key() -> str:
-    """The hash of every named node that ever beat here (until forgotten): name -> the wall
-    clock of its last beat, which outlives the beat's own key."""
-    return f"{settings.ROUTERPANEL_REDIS_PREFIX}:nodes"
 
 
 @dataclass(frozen=True)
@@ -122,7 +86,6 @@ def directory_from(
 
 async def directory(client: Any, *, dead_after: float | None = None) -> list[Node]:
     """Every named node of this installation, live or lost, read from Redis by ``client``."""
-    from models_app import liveness
 
     members = _members(await client.hgetall(members_key()))
     if not members:
@@ -148,7 +111,6 @@ def _members(raw: dict[Any, Any]) -> dict[str, float | None]:
 
 async def forget(client: Any, node: str) -> bool:
     """Drop a lost node from the set (an operator's decision); False if it still beats."""
-    from models_app import liveness
 
     beat = liveness.Beat.parse(await client.get(heartbeat_key(node)))
     if beat is not None and time.time() - beat.time < liveness.DEAD_AFTER:
@@ -176,7 +138,6 @@ class PeerWatch:
         self.live: dict[str, Node] = {}  # the other nodes last seen live
 
     async def run(self) -> None:
-        from models_app import liveness
 
         client = liveness.redis_client()
         try:
@@ -255,7 +216,6 @@ async def known() -> list[Node]:
 
 
 async def _read(cache: _Cache) -> list[Node]:
-    from models_app import liveness
 
     if cache.client is None:
         cache.client = liveness.redis_client(timeout=1.0)
@@ -329,8 +289,6 @@ async def _claim(cache: _Cache, model: str, node: str, directory: list[Node]) ->
     """Claim ``model`` for ``node`` in Redis; the node claimed first if another process won."""
     key = f"{settings.ROUTERPANEL_REDIS_PREFIX}:placement:{model}"
     if cache.client is None:
-        from models_app import liveness
-
         cache.client = liveness.redis_client(timeout=1.0)
     client = cache.client
     try:

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.conf import settings
 
-from models_app import nodes, runtime, sources, specs
+from models_app import runtime, sources, specs, topology
 from models_app.audit_mapper import new_router_id
 from models_app.locks import LockLost, RouterLock
 
@@ -85,7 +85,7 @@ class RouterProcess:
         from models_app.worker import RouterHost
 
         self.boot = new_router_id()
-        node = nodes.check_name(options.get("node") or "")
+        node = topology.check_name(options.get("node") or "")
         self.lock = RouterLock(self.boot, redis_url=settings.REDIS_URL or "", node=node)
         self.on_failure = on_failure  # told (once) when the router cannot go on
         overrides = specs.Overrides(

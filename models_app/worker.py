@@ -27,7 +27,7 @@ from channels.consumer import AsyncConsumer
 from channels.layers import BaseChannelLayer
 from django.conf import settings
 
-from models_app import bridge, disk, liveness, nodes, specs
+from models_app import bridge, disk, liveness, nodes, specs, topology
 from models_app.audit_writer import AuditWriter, new_router_id
 from models_app.config_watch import ConfigWatch, read_version
 from models_app.messages import (
@@ -191,7 +191,7 @@ class RouterHost:
     @property
     def channel(self) -> str:
         """The channel this router listens on: ``router``, or ``router.NODE`` (nodes.py)."""
-        return nodes.channel(self.overrides.node)
+        return topology.channel(self.overrides.node)
 
     async def _join(self) -> None:
         """A named node starts: audit that it joined (or returned, and after how long, from

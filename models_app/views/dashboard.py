@@ -16,7 +16,7 @@ from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from models_app import audit, dashboard_view, nodes, queue_reasons, reservations
+from models_app import audit, dashboard_view, queue_reasons, reservations, topology
 from models_app.models import AuditEvent, Preset
 from models_app.roles import Role, require
 from models_app.views import actions, common, memory
@@ -174,7 +174,7 @@ def memory_history(request: HttpRequest) -> JsonResponse:
     node = request.GET.get("node") or None
     if node is not None:
         try:
-            nodes.check_name(node)
+            topology.check_name(node)
         except ValueError as exc:
             return JsonResponse({"available": False, "reason": str(exc)}, status=400)
     if range_name == "1h":

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from models_app import liveness, nodes
+from models_app import liveness, nodes, topology
 from models_app.audit_mapper import AuditMapper
 from routerpanel.router.catalogue import Event
 from routerpanel.router.feed import EngineEvent
@@ -37,19 +37,19 @@ def node(name: str, st: dict[str, Any], live: bool = True) -> nodes.Node:
 
 class TestNames:
     def test_the_unnamed_router_keeps_the_channel_and_keys_of_one_host(self) -> None:
-        assert nodes.channel("") == "router"
-        assert nodes.heartbeat_key("").endswith(":router:heartbeat")
-        assert nodes.lock_key("").endswith(":router:lock")
+        assert topology.channel("") == "router"
+        assert topology.heartbeat_key("").endswith(":router:heartbeat")
+        assert topology.lock_key("").endswith(":router:lock")
 
     def test_a_node_has_a_channel_and_keys_of_its_own(self) -> None:
-        assert nodes.channel("studio-1") == "router.studio-1"
-        assert nodes.heartbeat_key("studio-1").endswith(":node:studio-1:heartbeat")
-        assert nodes.lock_key("studio-1") != nodes.lock_key("studio-2")
+        assert topology.channel("studio-1") == "router.studio-1"
+        assert topology.heartbeat_key("studio-1").endswith(":node:studio-1:heartbeat")
+        assert topology.lock_key("studio-1") != topology.lock_key("studio-2")
 
     @pytest.mark.parametrize("bad", ["a b", "a:b", "ü", "x" * 65, "a,b"])
     def test_a_name_that_cannot_be_a_channel_or_key_is_refused(self, bad: str) -> None:
         with pytest.raises(ValueError, match="node"):
-            nodes.check_name(bad)
+            topology.check_name(bad)
 
     def test_runrouter_refuses_a_bad_node_name_before_it_starts(self) -> None:
         from django.core.management import call_command
@@ -86,7 +86,7 @@ class TestDirectory:
             assert [(n.name, n.live, n.advertise) for n in found] == [("n1", True, "127.0.0.2")]
             assert found[0].status == {"models_max": 3}
             assert not await nodes.forget(client, "n1")  # still beating: kept
-            await client.delete(nodes.heartbeat_key("n1"))
+            await client.delete(topology.heartbeat_key("n1"))
             assert await nodes.forget(client, "n1")
             assert await nodes.directory(client) == []
         finally:

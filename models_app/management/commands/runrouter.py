@@ -24,7 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from models_app import bootstrap, nodes, runtime, sources
+from models_app import bootstrap, runtime, sources, topology
 from models_app.locks import LockHeld
 from models_app.routerproc import RouterProcess
 
@@ -167,6 +167,6 @@ class Command(BaseCommand):
 def node_name(value: str) -> str:
     """argparse's check of ``--node``: a name that can be a channel's and a Redis key's."""
     try:
-        return nodes.check_name(value)
+        return topology.check_name(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
