@@ -21,6 +21,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from models_app.wording import counted
 from routerpanel.router import ini, options, presets
 
 if TYPE_CHECKING:
@@ -365,10 +366,10 @@ class NodeSettings(models.Model):
         return str(self.node)
 
     def clean(self) -> None:
-        from models_app import nodes
+        from models_app import topology
 
         try:
-            nodes.check_name(self.node)
+            topology.check_name(self.node)
         except ValueError as exc:
             raise ValidationError({"node": str(exc)}) from None
 
@@ -728,8 +729,6 @@ class Quota(models.Model):
         return f"API key {self.user.get_username()}/{self.key.name}"
 
     def limits_text(self) -> str:
-        from models_app.api.quotas import counted
-
         parts = []
         if self.tokens_per_day:
             parts.append(f"{counted(self.tokens_per_day, 'token')} per day")

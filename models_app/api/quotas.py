@@ -31,6 +31,7 @@ from asgiref.sync import sync_to_async
 
 from models_app.api.errors import ApiError
 from models_app.db import own_connection
+from models_app.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,6 @@ class Limit:
     def ident(self) -> tuple[str, str]:
         """Whom it binds, whatever its figures (a changed quota keeps its window and count)."""
         return self.kind, self.label
-
-
-def counted(n: int, noun: str) -> str:
-    """``1 request``, ``2,000 requests``."""
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def day_start(now: float) -> datetime:
