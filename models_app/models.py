@@ -21,6 +21,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from models_app import runtime, server_options
 from models_app.wording import counted
 from routerpanel.router import ini, options, presets
 
@@ -252,14 +253,10 @@ class Preset(models.Model):
         return str(self.name)
 
     def clean(self) -> None:
-        from models_app import server_options
-
         errors: dict[str, list[ValidationError]] = {}
         self.option_warnings: list[str] = []
         try:
-            self.option_warnings = validate_args(
-                self.args, server_options.catalogue_for(self.server_bin)
-            )
+            self.option_warnings = validate_args(self.args, catalogue_for(self.server_bin))
         except ValidationError as exc:
             errors.setdefault("args", []).append(exc)
         for field_name, check in (("env", validate_env), ("aliases", _validate_aliases)):
@@ -480,14 +477,20 @@ class RouterSettings(models.Model):
         return row
 
     def clean(self) -> None:
-        from models_app import server_options
-
         try:
             stored = self.global_def()
-            program = presets.program_of("", stored, server_options.default_program())
+            program = presets.program_of("", stored, self.default_program())
             self._global_def(server_options.options_for(program))
         except ValueError as exc:
             raise ValidationError({"global_args": str(exc)}) from None
+
+    def default_program(self) -> str:
+        """The command for presets that name none: ``serve --server-bin``, else the setting."""
+        return runtime.OPTIONS.server_bin or self.server_binary
+
+    def program_for(self, server_bin: str) -> str:
+        """The command that runs a preset whose own server-bin is ``server_bin``."""
+        return presets.program_of(server_bin, self.global_def(), self.default_program())
 
     def global_def(self) -> presets.PresetDef | None:
         """The ``[*]`` section as a definition; raises ``ValueError`` for a malformed value.
@@ -1032,3 +1035,24 @@ class UsageHour(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H}:00 {self.actor} {self.model}"
+
+
+# ---- which program a preset runs, and what it accepts --------------------------------------------
+
+
+def default_program() -> str:
+    """The command for presets that name none (the stored settings)."""
+    return RouterSettings.load().default_program()
+
+
+def program_for(server_bin: str) -> str:
+    """The command that runs a preset whose own server-bin is ``server_bin``; read from the
+    settings once per ``server_options.settings_held`` block (an import of thousands)."""
+    return server_options.remembered(
+        f"program {server_bin}", lambda: RouterSettings.load().program_for(server_bin)
+    )
+
+
+def catalogue_for(server_bin: str) -> options.Catalogue:
+    """What a preset whose own server-bin is ``server_bin`` may set (its program's --help)."""
+    return server_options.options_for(program_for(server_bin))

@@ -15,7 +15,7 @@ from django.db import router, transaction
 from django.db.models.signals import post_save
 
 from models_app import audit, server_options
-from models_app.models import Preset, PresetSource, RouterSettings
+from models_app.models import Preset, PresetSource, RouterSettings, default_program
 from routerpanel.router import ini, presets
 
 
@@ -91,7 +91,7 @@ def import_presets(
         parsed = presets.parse_presets(
             text,
             source,
-            default_bin=server_options.default_program(),
+            default_bin=default_program(),
             options_for=server_options.options_for,
         )
     report = ImportReport(warnings=[str(w) for w in parsed.warnings], dry_run=dry_run)

@@ -2,7 +2,8 @@
 
 A preset's keys are checked against the program that will run it (``presets.check_option``):
 the preset's own ``server-bin``, else the one in ``[*]``, else the default (``serve
---server-bin``, else the stored setting). This module runs ``PROGRAM --help`` and hands the text
+--server-bin``, else the stored setting: ``RouterSettings.program_for`` in models.py, which
+imports this module and never the reverse). This module runs ``PROGRAM --help`` and hands the text
 to the engine's pure parser (``helptext.parse_help``). The answer is cached by the command, the
 binary's resolved path and its mtime, so a rebuilt binary is read again and an unchanged one
 never is. When the help cannot be read (not on PATH, not executable, a non-zero exit, no option
@@ -21,12 +22,13 @@ import shlex
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
-from routerpanel.router import helptext, options, presets
+from routerpanel.router import helptext, options
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HELP_TIMEOUT = 20.0
 # The child's environment, minus what could change what --help prints or make it act on it.
@@ -35,15 +37,7 @@ _SCRUBBED_PREFIXES = ("LLAMA_",)
 
 def options_for(command: str) -> options.Catalogue:
     """Return the options ``command`` accepts, or why they cannot be read."""
-    held = _held.get()
-    key = "\0options " + command  # beside program_for's entries (server-bin values)
-    if held is not None and key in held:
-        kept: options.Catalogue = held[key]
-        return kept
-    found = _options_for(command)
-    if held is not None:
-        held[key] = found
-    return found
+    return remembered(f"options {command}", lambda: _options_for(command))
 
 
 def _options_for(command: str) -> options.Catalogue:
@@ -105,27 +99,15 @@ def _read_help(argv: tuple[str, ...], command: str, real: str, mtime: int) -> op
     return table
 
 
-def default_program() -> str:
-    """Return the command for presets that name none: ``serve --server-bin``, else the setting."""
-    from models_app import runtime
-    from models_app.models import RouterSettings
-
-    return runtime.OPTIONS.server_bin or RouterSettings.load().server_binary
-
-
-def program_for(server_bin: str) -> str:
-    """Return the command that runs a preset whose own server-bin is ``server_bin``."""
-    from models_app.models import RouterSettings
-
+def remembered(key: str, make: Callable[[], T]) -> T:
+    """``make()``, or within ``settings_held`` what it gave the first time for ``key``."""
     held = _held.get()
-    if held is not None and server_bin in held:
-        program: str = held[server_bin]
-        return program
-    global_def = RouterSettings.load().global_def()
-    program = presets.program_of(server_bin, global_def, default_program())
-    if held is not None:
-        held[server_bin] = program
-    return program
+    if held is None:
+        return make()
+    if key not in held:
+        held[key] = make()
+    found: T = held[key]
+    return found
 
 
 _held: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("held", default=None)
@@ -141,8 +123,3 @@ def settings_held() -> Iterator[None]:
         yield
     finally:
         _held.reset(token)
-
-
-def catalogue_for(server_bin: str) -> options.Catalogue:
-    """Return what a preset whose own server-bin is ``server_bin`` may set."""
-    return options_for(program_for(server_bin))

@@ -18,10 +18,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
-from models_app import audit, audit_labels, edits, presets_io, server_options, specs
+from models_app import audit, audit_labels, edits, presets_io, specs
 from models_app.forms import ImportForm, PresetForm, option_names, pair_formset
 from models_app.messages import ReloadCall
-from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
+from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings, catalogue_for
 from models_app.roles import Role, require
 from models_app.views import common
 from routerpanel.router import ini
@@ -122,7 +122,7 @@ def _edit(
     form = PresetForm(data, instance=preset)
     if before is not None:
         edits.add_seen(form, before)
-    catalogue = server_options.catalogue_for(server_bin)
+    catalogue = catalogue_for(server_bin)
     args = pair_formset("args", preset.args, data, catalogue=catalogue)
     env = pair_formset("env", preset.env, data)
     if data is not None:
