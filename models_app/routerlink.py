@@ -39,7 +39,7 @@ an acquire and the cancel or release that follows it are never reordered. An acq
 engine decides on arrival (a grant on a loaded model with nobody queued, or a rejection) is
 answered while its line is handled; only one that has to wait gets a task.
 
-**Deadlines and loss.** The router drops an acquire whose sender gave up (``RouterHost.stale``:
+**Deadlines and loss.** The router drops an acquire whose sender gave up (``LinkHost.stale``:
 expired, another boot, sent while its heartbeat lapsed). When a connection closes, the router
 cancels its waiting acquires and ends the leases granted over it at once (``lease.expired``,
 why ``disconnected``), without waiting for the lease TTL. On the web side every request still
@@ -61,22 +61,53 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import orjson
 
 from models_app.singleflight import SingleFlight
 
 if TYPE_CHECKING:
+    from collections import Counter
+
     from models_app.liveness import RouterWatch
-    from models_app.messages import AcquireAnswer, AcquireMessage
-    from models_app.worker import RouterHost
+    from models_app.messages import AcquireAnswer, AcquireMessage, RenewMessage
+    from routerpanel.router.engine import Engine
     from routerpanel.router.errors import Lease
 
 log = logging.getLogger(__name__)
+
+
+class LinkHost(Protocol):
+    """What the link's router end asks of the router host (worker.RouterHost): the link knows
+    this much of it, and imports nothing of the worker."""
+
+    boot: str
+    engine: Engine | None
+    acquires: Counter[str]  # by transport, for the metrics
+
+    def stale(self, message: Mapping[str, Any]) -> bool: ...
+    def drop_expired(self, message: Mapping[str, Any]) -> None: ...
+    def begin_acquire(self, message: AcquireMessage) -> asyncio.Future[Lease]: ...
+    def answer(
+        self,
+        request_id: str,
+        future: asyncio.Future[Lease],
+        on_grant: Callable[[str, str], None] | None = None,
+    ) -> AcquireAnswer: ...
+    async def acquire(
+        self,
+        message: AcquireMessage,
+        answer_with: Callable[[AcquireAnswer], Awaitable[None]],
+        on_grant: Callable[[str, str], None] | None = None,
+        started: asyncio.Future[Lease] | None = None,
+    ) -> None: ...
+    def router_renew(self, message: RenewMessage) -> None: ...
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]: ...
+
 
 PROTOCOL = 1
 HELLO = "link.hello"
@@ -229,7 +260,7 @@ class LinkServer:
     is a ``_Peer``."""
 
     def __init__(
-        self, host: RouterHost, address: Address, tcp: Address | None = None,
+        self, host: LinkHost, address: Address, tcp: Address | None = None,
         key: bytes | None = None,
     ) -> None:  # fmt: skip
         self.host = host
@@ -392,7 +423,7 @@ def _remove_stale(path: Path) -> None:
 class _Peer:
     """One web process's connection, router side: its waiting acquires and granted leases."""
 
-    def __init__(self, host: RouterHost, transport: asyncio.Transport) -> None:
+    def __init__(self, host: LinkHost, transport: asyncio.Transport) -> None:
         self.host = host
         self.transport = transport
         self.acquires: dict[str, asyncio.Task[Any]] = {}
@@ -423,7 +454,7 @@ class _Peer:
             if started.done():  # granted or refused at once: answered without a task
                 self.send(host.answer(request_id, started, self._granted))
             else:
-                self.acquires[request_id] = host._spawn(self._acquire(acquire, started))
+                self.acquires[request_id] = host.spawn(self._acquire(acquire, started))
         elif kind == "router.renew":
             host.router_renew(cast(Any, message))
         elif kind == "router.release":

@@ -154,7 +154,7 @@ class RouterHost:
         self.engine.add_tap(self.audit)  # journaled in the publish path (audit_journal.py)
         self.metrics = RouterMetrics()
         self.add_listener(self.metrics.observe)
-        self._writer = self._spawn(self.audit.run_until_cancelled())
+        self._writer = self.spawn(self.audit.run_until_cancelled())
         self._readers = [
             asyncio.create_task(self._feed_listeners(self.engine.subscribe(maxsize=100_000))),
             asyncio.create_task(self._publish_events(self.engine.subscribe())),
@@ -173,10 +173,10 @@ class RouterHost:
                 advertise=self.overrides.advertise, status=self.node_status,
                 tcp=self.link.tcp_link if self.link is not None else "",
             )  # fmt: skip
-            self._spawn(self._beat.run())
+            self.spawn(self._beat.run())
             if self.overrides.node:  # placement reads the beat: tell state changes at once
                 self.add_listener(self._poke_beat)
-        self._spawn(self.config_watch.run())
+        self.spawn(self.config_watch.run())
         _host = self
         bridge.register_local(self)
 
@@ -210,7 +210,7 @@ class RouterHost:
                 "models": known, "silent_for": None, "lost_for": lost_for}  # fmt: skip
         self._engine.note(Event.NODE_CHANGED, data)
         peers = nodes.PeerWatch(node, lambda lost: self._engine.note(Event.NODE_CHANGED, lost))
-        self._spawn(peers.run())
+        self.spawn(peers.run())
 
     def _poke_beat(self, event: EngineEvent) -> None:
         if event.type in (Event.MODEL_STATE, Event.QUEUE_CHANGED):
@@ -318,7 +318,7 @@ class RouterHost:
             data = {"service": "Redis", "seconds": seconds, "effect": effect}
             self.engine.note(Event.SERVICE_OUTAGE, data)
 
-    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._done)
@@ -436,7 +436,7 @@ class RouterHost:
         async def answer(out: AcquireAnswer) -> None:
             await self.layer.send(reply, out)
 
-        self._acquires[request_id] = self._spawn(self.acquire(message, answer))
+        self._acquires[request_id] = self.spawn(self.acquire(message, answer))
 
     async def acquire(
         self,
@@ -531,7 +531,7 @@ class RouterHost:
             text = "the router does not know this request (it restarted, or the request was lost)"
             error = bridge.error_body(503, text, "unavailable_error")
             answer = bridge.rejected(request_id, 503, error, 5, self.boot)
-        self._spawn(self.layer.send(reply, answer))
+        self.spawn(self.layer.send(reply, answer))
 
     def router_renew(self, message: RenewMessage) -> None:
         idle = message.get("idle")
@@ -566,7 +566,7 @@ class RouterHost:
                 out = bridge.result(request_id, {"error": dict(error)}, 500, self.boot)
             await self.layer.send(reply, out)
 
-        self._spawn(answer())
+        self.spawn(answer())
 
     def handler(self, message_type: str) -> Callable[[Any], None] | None:
         """The handler of a message type, or None for a type this router does not know."""

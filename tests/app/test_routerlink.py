@@ -285,13 +285,13 @@ async def test_an_acquire_granted_at_once_is_answered_without_a_task(
     raw.send(acquire("first", "m1"))  # m1 loads: that grant waits, in a task
     first = await raw.until("first", "router.granted")
     spawned: list[str] = []
-    spawn = host._spawn
+    spawn = host.spawn
 
     def spy(coro: Any) -> Any:
         spawned.append(coro.__qualname__)
         return spawn(coro)
 
-    monkeypatch.setattr(host, "_spawn", spy)
+    monkeypatch.setattr(host, "spawn", spy)
     raw.send(acquire("hot", "m1"), acquire("nope", "no-such-model"))
     hot = await raw.until("hot", "router.granted")
     assert hot["caused_load"] is False and hot["lease_id"] != first["lease_id"]
