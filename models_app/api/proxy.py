@@ -54,7 +54,7 @@ from routerpanel.router.errors import unavailable
 from routerpanel.router.receipts import Receipt
 
 if TYPE_CHECKING:
-    from models_app.api.app import Api
+    from models_app.api.context import ApiContext
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ _DROP_RESPONSE = frozenset(
 )  # fmt: skip
 
 
-async def proxy_post(api: Api, request: Request) -> None:
+async def proxy_post(api: ApiContext, request: Request) -> None:
     body = await request.read_body(api.config.max_body_bytes)
     fields = body_fields(body, request.headers.get(b"content-type", b""))
     model = fields.get("model")
@@ -105,7 +105,7 @@ async def proxy_post(api: Api, request: Request) -> None:
     await forward(api, request, model if isinstance(model, str) else "", body, streamed)
 
 
-async def proxy_get(api: Api, request: Request) -> None:
+async def proxy_get(api: ApiContext, request: Request) -> None:
     await forward(api, request, request.query("model") or "", b"")
 
 
@@ -142,7 +142,7 @@ def autoload_flag(value: str | None) -> bool:
 
 
 async def forward(
-    api: Api, request: Request, model: str, body: bytes, streamed: bool = False
+    api: ApiContext, request: Request, model: str, body: bytes, streamed: bool = False
 ) -> None:
     """Validate, lease the model and relay the exchange (see module doc); ``streamed``: the
     body asks for a stream (queue comments may go out while it waits, ``waiting``)."""
@@ -218,7 +218,7 @@ class Meter:
 
 
 async def relay(
-    api: Api, request: Request, grant: Grant, lease: LeaseKeeper, body: bytes, meter: Meter
+    api: ApiContext, request: Request, grant: Grant, lease: LeaseKeeper, body: bytes, meter: Meter
 ) -> None:
     pool = api.upstreams.checkout(grant.model, grant.address)
     try:
@@ -246,7 +246,7 @@ async def relay(
         api.upstreams.checkin(pool)
 
 
-async def failure(api: Api, grant: Grant, exc: UpstreamError, meter: Meter) -> Exception:
+async def failure(api: ApiContext, grant: Grant, exc: UpstreamError, meter: Meter) -> Exception:
     """What a client gets when the child fails before the answer started: why the router
     ended the child (it killed it as hung), else ``proxy error: <text>`` (§8.14); with the
     receipt's headers."""
@@ -289,7 +289,12 @@ async def send_whole(request: Request, response: Answer, body: bytes, meter: Met
 
 
 async def stream_back(
-    api: Api, request: Request, response: Answer, grant: Grant, lease: LeaseKeeper, meter: Meter
+    api: ApiContext,
+    request: Request,
+    response: Answer,
+    grant: Grant,
+    lease: LeaseKeeper,
+    meter: Meter,
 ) -> None:
     """Relay the child's status, headers and body chunks as they arrive (§8.13), each chunk
     from the callback that parsed it (pump.py).
@@ -320,7 +325,7 @@ async def stream_back(
     await request.end(last)
 
 
-async def why_ended(api: Api, grant: Grant) -> RouterRejected | None:
+async def why_ended(api: ApiContext, grant: Grant) -> RouterRejected | None:
     """Why the child's answer broke off, if we know: the router ended it (it killed the child
     as hung, or it is shutting down), or this server is stopping (team mode's web side closes
     its connections to the children once its shutdown grace is over)."""

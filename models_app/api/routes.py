@@ -22,19 +22,19 @@ from models_app.api.request import Request
 from models_app.bridge import RouterRejected
 
 if TYPE_CHECKING:
-    from models_app.api.app import Api
+    from models_app.api.context import ApiContext
 
 HEALTH = b'{"status":"ok"}'
 RELOAD_STOP_GRACE = 5.0  # seconds past the stop-timeout a reload waits for a removed child
 RELOAD_POLL = 0.05
 
 
-async def health(api: Api, request: Request) -> None:
+async def health(api: ApiContext, request: Request) -> None:
     """§9.6: 200 as soon as we listen; says nothing about the children (public)."""
     await request.respond(200, HEALTH)
 
 
-async def ready(api: Api, request: Request) -> None:
+async def ready(api: ApiContext, request: Request) -> None:
     """RouterPanel's own ``GET /ready``: 200 when a router answers now, 503 when none does.
 
     ``/health`` stays llama.cpp's (200 as soon as we listen, §9.6) for compatibility; this is
@@ -52,7 +52,7 @@ async def ready(api: Api, request: Request) -> None:
     await request.respond_json({"status": status, "router": body, "problems": problems})
 
 
-async def props(api: Api, request: Request) -> None:
+async def props(api: ApiContext, request: Request) -> None:
     """§9.7: the router's own props; with ``?model=`` the child's, through the GET proxy."""
     if request.query("model"):
         await proxy.proxy_get(api, request)
@@ -74,7 +74,7 @@ async def props(api: Api, request: Request) -> None:
     )
 
 
-async def list_nodes(api: Api, request: Request) -> None:
+async def list_nodes(api: ApiContext, request: Request) -> None:
     """Ours (issue 18): the router nodes of this installation, live and lost, as the web
     process's directory shows them; ``[]`` with one unnamed router."""
     now = time.time()
@@ -82,7 +82,7 @@ async def list_nodes(api: Api, request: Request) -> None:
     await request.respond_json({"data": [n.as_json(now) for n in found], "object": "list"})
 
 
-async def list_models(api: Api, request: Request) -> None:
+async def list_models(api: ApiContext, request: Request) -> None:
     """§9.8: ``GET /models`` and ``GET /v1/models``; ``?reload=<anything>`` re-reads presets."""
     removed: set[str] = set()
     if request.query("reload"):
@@ -96,7 +96,7 @@ async def list_models(api: Api, request: Request) -> None:
     await request.respond_json(listing.render(models, time.time()))
 
 
-async def _until_stopped(api: Api, removed: set[str]) -> dict[str, Any]:
+async def _until_stopped(api: ApiContext, removed: set[str]) -> dict[str, Any]:
     """Return a snapshot once the ``removed`` models' children have exited.
 
     llama.cpp's reload blocks until the models it removes have stopped (§2.19), so its answer
@@ -120,7 +120,7 @@ async def _until_stopped(api: Api, removed: set[str]) -> dict[str, Any]:
         await asyncio.sleep(RELOAD_POLL)
 
 
-async def load(api: Api, request: Request) -> None:
+async def load(api: ApiContext, request: Request) -> None:
     """§9.9 (through the queue, rule A9): ``{"success": true}`` once the load has started."""
     model = await _model_of(api, request)
     if not model:
@@ -130,7 +130,7 @@ async def load(api: Api, request: Request) -> None:
     await request.respond_json(await api.router.load(model, actor=request.actor))
 
 
-async def unload(api: Api, request: Request) -> None:
+async def unload(api: ApiContext, request: Request) -> None:
     """§9.10: ``{"success": true}`` at once; the child exits within its stop-timeout."""
     model = await _model_of(api, request)
     if not model:
@@ -140,7 +140,7 @@ async def unload(api: Api, request: Request) -> None:
     await request.respond_json(await api.router.unload(model, actor=request.actor))
 
 
-async def cancel_queued(api: Api, request: Request) -> None:
+async def cancel_queued(api: ApiContext, request: Request) -> None:
     """RouterPanel's own: reject queued requests with 499 (operator role).
 
     Body ``{"model": "x"}`` cancels every request waiting for x; ``{"request_id": "r"}`` the one
@@ -162,35 +162,35 @@ async def cancel_queued(api: Api, request: Request) -> None:
     await request.respond_json(answer)
 
 
-def _check_operator(api: Api, request: Request) -> None:
+def _check_operator(api: ApiContext, request: Request) -> None:
     """Loading, unloading and cancelling are the operator's (DESIGN §5): a viewer's key may
     only use."""
     if not api.keys.may_operate(request.actor):
         raise ApiError(403, "this API key's owner may not load or unload models (operator role)")
 
 
-async def _model_of(api: Api, request: Request) -> str:
+async def _model_of(api: ApiContext, request: Request) -> str:
     model = (await _json_of(api, request)).get("model")
     return model if isinstance(model, str) else ""
 
 
-async def _json_of(api: Api, request: Request) -> dict[str, Any]:
+async def _json_of(api: ApiContext, request: Request) -> dict[str, Any]:
     return jsonbody.parse_object(await request.read_body(api.config.max_body_bytes))
 
 
-async def downloads_unsupported(api: Api, request: Request) -> None:
+async def downloads_unsupported(api: ApiContext, request: Request) -> None:
     """``POST /models`` and ``DELETE /models`` (§9.12-9.13): presets are added in the panel."""
     raise ApiError(
         501, "downloading models into the cache is not supported by RouterPanel; add a preset"
     )
 
 
-async def feature_disabled(api: Api, request: Request) -> None:
+async def feature_disabled(api: ApiContext, request: Request) -> None:
     """``/tools`` and ``/cors-proxy`` (§9.19): disabled, in llama.cpp's words."""
     await request.respond(403, FEATURE_DISABLED)
 
 
-async def metrics(api: Api, request: Request) -> None:
+async def metrics(api: ApiContext, request: Request) -> None:
     """``GET /metrics``: the router's metrics in Prometheus text; ``?model=X`` is X's own (§8.2)."""
     if request.query("model"):
         await proxy.proxy_get(api, request)

@@ -23,7 +23,7 @@ from routerpanel.router.catalogue import Event
 from routerpanel.router.states import DOWN, FAILED_STATES, ModelState, api_status
 
 if TYPE_CHECKING:
-    from models_app.api.app import Api
+    from models_app.api.context import ApiContext
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class LlamaEvents:
         return 1 if data.get("failed") or data.get("to") in _FAILED else 0
 
 
-async def stream_events(api: Api, request: Request) -> None:
+async def stream_events(api: ApiContext, request: Request) -> None:
     """Stream llama.cpp's model events until the client disconnects."""
     queue: asyncio.Queue[bytes] = asyncio.Queue()
     api.event_streams.add(queue)  # Api.end_streams ends it when the server stops
@@ -150,7 +150,7 @@ async def stream_events(api: Api, request: Request) -> None:
         pumping.cancel()
 
 
-async def _pump(api: Api, queue: asyncio.Queue[bytes], request: Request) -> None:
+async def _pump(api: ApiContext, queue: asyncio.Queue[bytes], request: Request) -> None:
     translator = LlamaEvents()
     try:
         async for event in api.router.events():

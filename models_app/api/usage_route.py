@@ -23,7 +23,7 @@ from models_app.db import own_connection
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from models_app.api.app import Api
+    from models_app.api.context import ApiContext
     from models_app.api.request import Request
 
 DEFAULT_SPAN = timedelta(hours=24)
@@ -55,7 +55,7 @@ def own_rows_only(actor: str) -> str | None:
     return None if role_of(user) >= Role.OPERATOR else who
 
 
-async def usage_summary(api: Api, request: Request) -> None:
+async def usage_summary(api: ApiContext, request: Request) -> None:
     by = request.query("by") or "actor"
     if by not in usage.GROUPS:
         raise ApiError(400, f"invalid 'by': {by!r} (one of actor, model, key)")

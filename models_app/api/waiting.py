@@ -41,7 +41,7 @@ from routerpanel.router.catalogue import Event
 from routerpanel.router.receipts import Receipt
 
 if TYPE_CHECKING:
-    from models_app.api.app import Api
+    from models_app.api.context import ApiContext
     from models_app.bridge import Grant
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ def estimate(elapsed: float, previous: object, loaded_at: object) -> str | None:
 class Comments:
     """Tell one waiting streamed request's client where it stands (see module doc)."""
 
-    def __init__(self, api: Api, request: Request, model: str) -> None:
+    def __init__(self, api: ApiContext, request: Request, model: str) -> None:
         self.api = api
         self.request = request
         self.model = model
