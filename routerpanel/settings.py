@@ -15,6 +15,7 @@ import dj_database_url
 from celery.schedules import crontab
 
 from routerpanel.env import envbool, envchoice, envint, envlist, envpath, envstr, secret_key_from
+from routerpanel.router.config import DEFAULT_STOP_TIMEOUT
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -235,7 +236,7 @@ WHITENOISE_AUTOREFRESH = DEBUG
 # Router defaults. The stored RouterSettings row wins once it exists; `serve` flags win over both.
 ROUTERPANEL = {
     "MODELS_MAX": envint("ROUTERPANEL_MODELS_MAX", 4, minimum=0),
-    "DEFAULT_STOP_TIMEOUT": envint("ROUTERPANEL_STOP_TIMEOUT", 10, minimum=0),
+    "DEFAULT_STOP_TIMEOUT": envint("ROUTERPANEL_STOP_TIMEOUT", DEFAULT_STOP_TIMEOUT, minimum=0),
     "SERVER_BIN": envstr("ROUTERPANEL_SERVER_BIN", "llama-server"),
     "ADMIN_PASSWORD": envstr("ROUTERPANEL_ADMIN_PASSWORD"),
     # Seconds a request may take to arrive whole, headers and body, before it is answered 408.

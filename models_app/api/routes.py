@@ -20,6 +20,7 @@ from models_app.api import jsonbody, listing, proxy
 from models_app.api.errors import FEATURE_DISABLED, ApiError, dumps
 from models_app.api.request import Request
 from models_app.bridge import RouterRejected
+from routerpanel.router.config import DEFAULT_STOP_TIMEOUT
 
 if TYPE_CHECKING:
     from models_app.api.context import ApiContext
@@ -113,7 +114,7 @@ async def _until_stopped(api: ApiContext, removed: set[str]) -> dict[str, Any]:
         if not left:
             return snapshot
         if deadline is None:
-            longest = max(float(m.get("stop_timeout") or 10) for m in left)
+            longest = max(float(m.get("stop_timeout") or DEFAULT_STOP_TIMEOUT) for m in left)
             deadline = loop.time() + longest + RELOAD_STOP_GRACE
         if loop.time() >= deadline:
             return snapshot

@@ -13,6 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+# Seconds a child gets between the exit request and SIGKILL when nothing sets its own (llama.cpp's
+# router: 10, ROUTER_SPEC 2.12). The one spelling: presets, settings, the supervisor and the API
+# take it from here.
+DEFAULT_STOP_TIMEOUT = 10
+
 # The supervisor appends these (S2); a preset that carries them would fight it.
 _RESERVED_FLAGS = ("--host", "--port")
 # What ``runrouter --node NAME`` and a preset's ``node`` key accept as a node name (issue 18).
@@ -71,7 +76,7 @@ class PresetSpec:
     argv: tuple[str, ...]
     aliases: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
-    stop_timeout: float = 10.0
+    stop_timeout: float = float(DEFAULT_STOP_TIMEOUT)
     load_timeout: float | None = None
     hang_timeout: float | None = None  # None: no watchdog for this model
     ttl: float | None = None
@@ -166,7 +171,7 @@ class RouterConfig:
     max_waiters: int | None = None
     max_wait: float | None = None
     quarantine_after: int = 3
-    default_stop_timeout: float = 10.0
+    default_stop_timeout: float = float(DEFAULT_STOP_TIMEOUT)
     lease_ttl: float = 30.0
     queue_policy: QueuePolicy = QueuePolicy.FIFO
     child_host: str = "127.0.0.1"

@@ -56,7 +56,6 @@ from routerpanel.router.presets.parse import (
 from routerpanel.router.presets.render import def_to_section, render_argv, render_presets
 from routerpanel.router.presets.status import preset_text
 from routerpanel.router.presets.values import (
-    DEFAULT_STOP_TIMEOUT,
     check_server_bin,
     format_duration,
     format_nodes,
@@ -72,7 +71,6 @@ from routerpanel.router.presets.values import (
 
 __all__ = [
     "DEFAULT_PROGRAM",
-    "DEFAULT_STOP_TIMEOUT",
     "ENV_PREFIX",
     "LLAMA_ROUTER_KEYS",
     "RESERVED_KEYS",

@@ -12,9 +12,8 @@ import re
 import shlex
 
 from routerpanel.router import ini, options
-from routerpanel.router.config import node_names_problem
+from routerpanel.router.config import DEFAULT_STOP_TIMEOUT, node_names_problem
 
-DEFAULT_STOP_TIMEOUT = 10
 _DECIMAL = re.compile(r"\d+(?:\.\d+)?")
 _LEADING_INT = re.compile(r"[ \t\n\v\f\r]*([+-]?\d+)")
 _SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]?)(?:i?B)?", re.IGNORECASE)
@@ -25,7 +24,11 @@ def parse_stop_timeout(value: str, line: int, warnings: list[ini.IniWarning]) ->
     """Read ``stop-timeout`` like C's ``stoi`` (ROUTER_SPEC 2.12), warning where it guesses."""
     match = _LEADING_INT.match(value)
     if match is None:
-        warnings.append(ini.IniWarning(line, f"stop-timeout = {value!r} is not a number; using 10"))
+        warnings.append(
+            ini.IniWarning(
+                line, f"stop-timeout = {value!r} is not a number; using {DEFAULT_STOP_TIMEOUT}"
+            )
+        )
         return DEFAULT_STOP_TIMEOUT
     number = int(match.group(1))
     if match.end() != len(value):

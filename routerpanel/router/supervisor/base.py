@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from routerpanel.router.address import shown
+from routerpanel.router.config import DEFAULT_STOP_TIMEOUT
 from routerpanel.router.supervisor.child import Child
 from routerpanel.router.supervisor.processes import (
     ROUTER_ONLY_ENV,
@@ -166,7 +167,11 @@ class SupervisorBase:
 
     @staticmethod
     def _timeout_for(name: str, timeout: float | Mapping[str, float]) -> float:
-        return timeout.get(name, 10.0) if isinstance(timeout, Mapping) else timeout
+        return (
+            timeout.get(name, float(DEFAULT_STOP_TIMEOUT))
+            if isinstance(timeout, Mapping)
+            else timeout
+        )
 
     @staticmethod
     def _now() -> float:

@@ -18,6 +18,7 @@ import signal
 from collections.abc import Mapping, Sequence
 
 from routerpanel.router.address import LOOPBACK, new_key, shown
+from routerpanel.router.config import DEFAULT_STOP_TIMEOUT
 from routerpanel.router.supervisor.child import Child, Launch, exit_error
 from routerpanel.router.supervisor.processes import (
     ExitProtocol,
@@ -65,11 +66,14 @@ class Supervisor(Stopping):
             self.kill(name)
         return child.pid
 
-    async def shutdown(self, stop_timeout: float | Mapping[str, float] = 10.0) -> None:
+    async def shutdown(
+        self, stop_timeout: float | Mapping[str, float] = float(DEFAULT_STOP_TIMEOUT)
+    ) -> None:
         """Stop every child and await the exits; refuse new spawns.
 
-        ``stop_timeout`` may map names to timeouts (missing names get 10 s). Children that are
-        stuck past their deadline + ``kill_grace`` are left running and stay in the state file.
+        ``stop_timeout`` may map names to timeouts (missing names get the default). Children
+        that are stuck past their deadline + ``kill_grace`` are left running and stay in the
+        state file.
         """
         self._closed = True
         timeouts = {c.name: self._timeout_for(c.name, stop_timeout) for c in self._live()}
