@@ -98,15 +98,12 @@ def import_presets(
     actor = actor or (audit.actor_of(user) if user is not None else "cli")
     try:
         with transaction.atomic():
-            _apply(
-                parsed,
-                report,
-                replace=replace,
-                user=user,
-                source=source,
-                actor=actor,
-                keep_aliases=not origin.owns,
-            )
+            # [*] first: each preset's options are checked against the program [*] names
+            # (server-bin); then the settings are read once for all the presets.
+            _apply_global(parsed, report, replace=replace, actor=actor)
+            with server_options.settings_held():
+                _apply(parsed, report, replace=replace, user=user, source=source, actor=actor,
+                       keep_aliases=not origin.owns)  # fmt: skip
             _claim(parsed, report, origin, actor)
             if dry_run:
                 raise _DryRun
@@ -116,23 +113,6 @@ def import_presets(
 
 
 def _apply(
-    parsed: presets.ParsedPresets,
-    report: ImportReport,
-    *,
-    replace: bool,
-    user: object | None,
-    source: str,
-    actor: str,
-    keep_aliases: bool,
-) -> None:
-    # [*] first: each preset's options are checked against the program [*] names (server-bin).
-    _apply_global(parsed, report, replace=replace, actor=actor)
-    with server_options.settings_held():  # read once for all, after [*] is applied
-        _apply_presets(parsed, report, replace=replace, user=user, source=source, actor=actor,
-                       keep_aliases=keep_aliases)  # fmt: skip
-
-
-def _apply_presets(
     parsed: presets.ParsedPresets,
     report: ImportReport,
     *,

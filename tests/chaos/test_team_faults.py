@@ -30,6 +30,7 @@ from models_app import bridge, liveness
 from tests.support.auditdb import pg_audit_rows
 from tests.support.chaos import record
 from tests.support.chaos_team import Team, kill_mid_stream, post_chat, until_served
+from tests.support.live_sockets import login
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, redis_server_available
 from tests.support.serving import ROOT, Server, wait_until
@@ -126,7 +127,7 @@ def test_a_redis_blip_keeps_the_dashboard_socket_open_and_resyncs(
     with team(tmp_path, pg_database, redis) as t:
         t.router(t.preset("a"))
         web = t.web()
-        cookies = _login(web.url)
+        cookies = login(web.url, "admin", "test-only-password")
 
         async def watch() -> dict[str, Any]:
             ws_url = web.url.replace("http", "ws") + "/ws/dashboard/?memory=0"
@@ -348,22 +349,6 @@ def _query(database: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
 
     with psycopg.connect(database) as conn:
         return conn.execute(sql, params).fetchall()
-
-
-def _login(url: str) -> dict[str, str]:
-    with httpx.Client(base_url=url, timeout=10) as client:
-        page = client.get("/login/")
-        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
-        assert token, page.text[:500]
-        done = client.post(
-            "/login/",
-            data={"username": "admin", "password": "test-only-password",
-                  "csrfmiddlewaretoken": token.group(1)},
-            headers={"Referer": f"{url}/login/", "Origin": url},
-        )  # fmt: skip
-        assert done.status_code in (200, 302), done.status_code
-        assert "sessionid" in client.cookies, "login failed"
-        return dict(client.cookies)
 
 
 async def _next_of(ws: Any, kind: str, timeout: float, require_ok: bool = False) -> Any:
