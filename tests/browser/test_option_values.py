@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tests.support.browser import PHONE, Page, PanelServer, screenshot
+from tests.support.browser import PHONE, Page, PanelServer, screenshot, wait_focus
 
 MESSAGE = "n-gpu-layers = 'lots': n-gpu-layers expects a number of layers, auto or all."
 
@@ -27,7 +27,7 @@ def test_a_value_of_the_wrong_type_is_a_field_error_and_the_banner_takes_the_foc
 ) -> None:
     page, console = open_page()
     submit_new_preset(page, quiet.url, "typed-values", "n-gpu-layers", "lots")
-    assert page.evaluate("document.activeElement.id") == "form-errors"
+    wait_focus(page, "form-errors")  # autofocus: the banner takes the focus
     banner = page.locator("#form-errors")
     assert MESSAGE in banner.inner_text()
     assert page.locator("tr.row-error").inner_text().strip() == MESSAGE

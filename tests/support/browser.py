@@ -177,6 +177,13 @@ def add_user(page: Any, server: PanelServer, username: str, role: str) -> str:
     return password
 
 
+def wait_focus(page: Any, element_id: str) -> None:
+    """Wait, within Playwright's deadline, until ``element_id`` has the focus: the browser applies
+    ``autofocus`` at the page's next rendering, which may come after the load event."""
+    script = "id => document.activeElement !== null && document.activeElement.id === id"
+    page.wait_for_function(script, arg=element_id)
+
+
 def screenshot(page: Any, name: str, *, height: int | None = None) -> None:
     """Write a PNG: under docs/ (shown in the README) when refreshing, else test-artifacts/.
     ``height``: only the top of the page, that many pixels."""
