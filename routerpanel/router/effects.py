@@ -5,6 +5,10 @@ after it (its trigger), then that action runs — Spawn in a child task (a spawn
 reported as an exit), Stop/Kill at once, Grant and Reject by answering the caller's future.
 A victim's exit and its replacement's spawn are one step of one loop (A6). Every event is
 published before its decision takes effect, so the audit journal holds it first.
+
+``Effects`` is one of the engine's parts (parts.py): it keeps the spawns in flight, the kills
+owed to a spawn still in flight, the queue entries already published and the hang watch's
+findings until their kill; the scheduler, supervisor, callers and facts are handed to it.
 """
 
 from __future__ import annotations
@@ -15,12 +19,17 @@ import logging
 import math
 import time
 from collections import deque
+from typing import Any
 
 from routerpanel.router import decisions, payloads, supervisor
-from routerpanel.router.base import EngineBase
+from routerpanel.router.callers import Callers
 from routerpanel.router.catalogue import Event, ModelStateData
 from routerpanel.router.config import PresetSpec
 from routerpanel.router.errors import RouterError
+from routerpanel.router.facts import Facts
+from routerpanel.router.parts import Clock, Emit, Post, wall_clock
+from routerpanel.router.presettable import PresetTable
+from routerpanel.router.scheduler import Scheduler
 from routerpanel.router.states import QUARANTINED
 
 log = logging.getLogger(__name__)
@@ -28,30 +37,68 @@ EVICTIONS = (decisions.StopReason.EVICTION, decisions.StopReason.SHRINK)
 HUNG = decisions.StopReason.HUNG
 
 
-class Effects(EngineBase):
-    """The engine's actuator layer (see module doc)."""
+class Effects:
+    """The engine's actuator (see module doc); the ``Actuator`` of parts.py."""
+
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        supervisor: supervisor.Supervisor,
+        callers: Callers,
+        facts: Facts,
+        presets: PresetTable,
+        emit: Emit,
+        post: Post,
+        clock: Clock,
+        sample_soon: asyncio.Event,
+    ) -> None:
+        self._scheduler, self._supervisor = scheduler, supervisor
+        self._callers, self._facts, self._presets = callers, facts, presets
+        self._emit, self._post, self._clock = emit, post, clock
+        self._wall = wall_clock(clock)
+        self._sample_soon = sample_soon  # the memory sampler's "sample now" (settle gate)
+        self._spawning: dict[str, asyncio.Task[None]] = {}  # until ChildStarted or the exit
+        self._kill_on_start: set[str] = set()  # Kill decided while the spawn was in flight
+        self._hangs: dict[str, dict[str, Any]] = {}  # model -> the verdict's facts, until killed
+        self._tickets: set[int] = set()  # queue entries already published (queue.changed)
+        self._request_rows = payloads.RequestRows()  # queued requests' rows, made once each
+
+    @property
+    def spawning(self) -> bool:
+        return bool(self._spawning)
+
+    def hung(self, name: str, facts: dict[str, Any]) -> None:
+        self._hangs[name] = facts
+
+    def forget_gone(self) -> None:
+        """Drop what we keep of removed presets once the scheduler has forgotten them (A14)."""
+        known = {view.name for view in self._scheduler.models()}
+        for name in self._presets.forget_retired(known):
+            self._facts.forget(name)
+            self._supervisor.forget_logs(name)
 
     # ---- supervisor events ------------------------------------------------------------------
 
-    def _on_log(self, line: supervisor.LogLine) -> None:
+    def on_log(self, line: supervisor.LogLine) -> None:
         data = {"model": line.name, "stream": line.stream, "text": line.text, "time": line.time}
         self._emit(Event.MODEL_LOG, data)
 
-    def _on_started(self, ev: supervisor.ChildStarted) -> None:
+    def on_started(self, ev: supervisor.ChildStarted) -> None:
         self._spawning.pop(ev.name, None)
         self._facts.started(ev)
         if ev.name in self._kill_on_start:  # S4: killed while its spawn was in flight
             self._supervisor.kill(ev.name)
 
-    def _on_state(self, ev: supervisor.ChildState) -> None:
+    def on_state(self, ev: supervisor.ChildState) -> None:
         if ev.state in ("loading", "downloading"):
             self._facts.child(ev.name).progress = ev.payload
             if ev.payload:  # llama.cpp streams these as status_change{loading, progress} (§10.5)
                 self._emit(Event.MODEL_PROGRESS, {"model": ev.name, "progress": ev.payload})
         if ev.state != "downloading":
-            self._apply(self._scheduler.child_state(ev.name, ev.state, now=self._clock()))
+            self.apply(self._scheduler.child_state(ev.name, ev.state, now=self._clock()))
 
-    def _on_ready(self, ev: supervisor.ChildReady) -> None:
+    def on_ready(self, ev: supervisor.ChildReady) -> None:
         self._facts.ready(ev)
         self._callers.receipts.ready(ev.name, ev.load_seconds)
         out = self._scheduler.child_ready(ev.name, now=self._clock())
@@ -59,14 +106,14 @@ class Effects(EngineBase):
         note["loaded_for"] = self._facts.child(ev.name).spawned_for  # who the load was for
         if ev.info:  # the child's /v1/models object, sent with its first ready (ROUTER_SPEC 4.9)
             note["info"] = ev.info
-        self._apply(out, note=(ev.name, note))
+        self.apply(out, note=(ev.name, note))
 
-    def _on_stuck(self, ev: supervisor.ChildStuck) -> None:
+    def on_stuck(self, ev: supervisor.ChildStuck) -> None:
         state = self._scheduler.model(ev.name).state.value
         self._emit(Event.MODEL_STUCK, payloads.stuck_data(ev, state))
-        self._apply(self._scheduler.child_stuck(ev.name, now=self._clock()))
+        self.apply(self._scheduler.child_stuck(ev.name, now=self._clock()))
 
-    def _on_exited(self, ev: supervisor.ChildExited) -> None:
+    def on_exited(self, ev: supervisor.ChildExited) -> None:
         """Free the slot (A6): the scheduler may spawn the next model in this same step."""
         self._spawning.pop(ev.name, None)
         self._kill_on_start.discard(ev.name)
@@ -74,16 +121,16 @@ class Effects(EngineBase):
         now = self._clock()
         before = self._scheduler.model(ev.name).state.value
         out = self._scheduler.child_exited(ev.name, now=now, exit_code=ev.exit_code, log_tail=tail)
-        if self._config.memory_budget is not None:
+        if self._scheduler.config.memory_budget is not None:
             self._sample_soon.set()  # the settle gate waits for a fresh sample
         state = next((v.state.value for v in self._scheduler.models() if v.name == ev.name), None)
         self._emit(Event.MODEL_EXITED, self._facts.exited(ev, state, before))
-        self._apply(out)
-        self._forget_gone()
+        self.apply(out)
+        self.forget_gone()
 
     # ---- decisions --------------------------------------------------------------------------
 
-    def _apply(
+    def apply(
         self, out: list[decisions.Decision], note: tuple[str, ModelStateData] | None = None
     ) -> None:
         """Carry out decisions in order; follow-ups (a grant nobody takes) go last."""
@@ -109,7 +156,7 @@ class Effects(EngineBase):
             address = self._facts.child(decision.model).address
             now = self._clock()
             renewable = self._callers.renewable(decision.request_id)
-            expires = now + self._config.lease_ttl if renewable else math.inf
+            expires = now + self._scheduler.config.lease_ttl if renewable else math.inf
             if not self._callers.grant(decision, address, expires, now):  # its caller left (A7)
                 return self._scheduler.request_finished(decision.request_id, now=now)
         elif isinstance(decision, decisions.Reject):
@@ -143,11 +190,12 @@ class Effects(EngineBase):
 
     async def _spawn_child(self, spec: PresetSpec) -> None:
         """Spawn; a spawn that raises is reported as an exit, as the scheduler expects."""
+        config = self._scheduler.config
         try:
             await self._supervisor.spawn(
                 spec.name, spec.argv, dict(spec.env),
                 child_protocol=spec.speaks_child_protocol, load_timeout=spec.load_timeout,
-                host=self._config.child_host, keyed=self._config.child_keys,
+                host=config.child_host, keyed=config.child_keys,
             )  # fmt: skip
         except Exception as exc:  # no process, but the slot must be freed all the same
             error = str(exc) if isinstance(exc, supervisor.SpawnError) else f"spawn failed: {exc}"

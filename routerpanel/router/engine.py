@@ -1,56 +1,112 @@
 """Own all router state: one asyncio task reads an inbox and applies the scheduler's decisions.
 
 The engine is the single owner (DESIGN §4, STYLE 8). Public methods only enqueue a command or
-read state between two commands; ``_run`` takes one command at a time and handles it
-synchronously: it feeds the pure ``Scheduler`` and applies the returned decisions through the
-``Supervisor`` — Spawn in a child task (a spawn that fails posts an exit), Stop/Kill at once,
-Grant and Reject by answering the caller's future. Supervisor events come through the same
-inbox, so a victim's exit and its replacement's spawn are one step of one loop (A6): no locks,
-no polling. Time comes from ``clock``; one timer task sleeps until the earliest of the
-scheduler's ``next_deadline()`` and the lease expiries, then posts a ``Tick``.
+read state between two commands. It owns its parts, each with its own state and handed, when
+it is built, what it uses of the others (parts.py): the ``Inbox`` takes one command at a time
+and feeds the pure ``Scheduler``; the ``Effects`` carry the decisions out through the
+``Supervisor`` and mirror its reports; the ``HangWatch`` probes busy children; ``Lifecycle``
+starts and stops them. Beside them: the preset table, the callers' book, feed, facts, timer.
 
 Call everything from the event loop the engine was started on. ``renew`` is the one method that
 writes without a round trip: it only moves a lease deadline, which the loop re-reads on a tick.
 Tests use a fake clock, ``clock_changed()`` and ``until_idle()`` instead of sleeping (STYLE 9).
-
-The engine is built in layers, one concept per module: ``base`` (what it owns), ``effects``
-(carrying out decisions, mirroring the supervisor), ``hangs`` (the hang watchdog), ``inbox``
-(the owner loop) and this module, the public API.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import logging
+import math
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any
 
-from routerpanel.router import commands, decisions, payloads, supervisor
+from routerpanel.router import commands, decisions, payloads, probe, supervisor
+from routerpanel.router.callers import Callers
 from routerpanel.router.catalogue import Event
-from routerpanel.router.config import PresetSpec, RouterConfig, startup_loads
-from routerpanel.router.errors import Lease, RouterError, unavailable
-from routerpanel.router.feed import EngineEvent, Subscription
+from routerpanel.router.config import PresetSpec, RouterConfig
+from routerpanel.router.effects import Effects
+from routerpanel.router.errors import Lease, RouterError
+from routerpanel.router.facts import Facts
+from routerpanel.router.feed import EngineEvent, Feed, Subscription
+from routerpanel.router.hangs import HangWatch
 from routerpanel.router.inbox import Inbox
+from routerpanel.router.lifecycle import Lifecycle
+from routerpanel.router.parts import Post, Prober, wall_clock
+from routerpanel.router.preflight import Checks, Preflight
+from routerpanel.router.preflight import check as preflight_check
+from routerpanel.router.presettable import PresetTable
+from routerpanel.router.scheduler import Scheduler
 from routerpanel.router.states import RUNNING
-from routerpanel.router.timer import sample_memory
+from routerpanel.router.timer import Timer
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-SHUTDOWN_GRACE = 15.0  # past the longest stop-timeout: SIGKILL grace and reaping (S4, S6)
 RESERVATION_ACTOR = "reservation"  # who loads a reserved model in advance (issue 17.6)
 
 
-class Engine(Inbox):
+class Engine:
     """The router: admission, eviction and child processes behind one inbox."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        presets: Iterable[PresetSpec],
+        *,
+        state_file: Path | None = None,
+        memory_interval: float | None = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        supervisor_factory: Callable[[Post], supervisor.Supervisor] | None = None,
+        router_port: int = 0,
+        prober: Prober = probe.read_slots,
+        preflight: Preflight = preflight_check,
+    ) -> None:
+        self._presets = PresetTable(presets)
+        self._scheduler = Scheduler(self._presets.current.values(), config)  # holds the config
+        self._clock, self._wall = clock, wall_clock(clock)
+        self._supervisor = (
+            supervisor_factory(self._post)
+            if supervisor_factory is not None
+            else supervisor.Supervisor(self._post, state_file=state_file, router_port=router_port)
+        )
+        self._feed = Feed()
+        self._facts = Facts(math.ceil(3600 / memory_interval) if memory_interval else 3600)
+        self._callers = Callers()
+        self._timer = Timer(clock, self._post)
+        self._checks = Checks(preflight)  # which models cannot start (preflight.py)
+        sample_soon = asyncio.Event()  # the memory sampler samples at once (settle gate)
+        self._effects = Effects(
+            scheduler=self._scheduler, supervisor=self._supervisor, callers=self._callers,
+            facts=self._facts, presets=self._presets, emit=self._feed.publish, post=self._post,
+            clock=clock, sample_soon=sample_soon,
+        )  # fmt: skip
+        self._hangs = HangWatch(
+            presets=self._presets, scheduler=self._scheduler, callers=self._callers,
+            facts=self._facts, effects=self._effects, post=self._post, clock=clock, prober=prober,
+        )  # fmt: skip
+        self._inbox = Inbox(
+            scheduler=self._scheduler, callers=self._callers, effects=self._effects,
+            watch=self._hangs, presets=self._presets, facts=self._facts,
+            emit=self._feed.publish, clock=clock, timer=self._timer,
+        )  # fmt: skip
+        self._life = Lifecycle(
+            presets=self._presets, supervisor=self._supervisor, checks=self._checks,
+            inbox=self._inbox, hangs=self._hangs, timer=self._timer, feed=self._feed,
+            callers=self._callers, sample_soon=sample_soon, state_file=state_file,
+            memory_interval=memory_interval,
+        )  # fmt: skip
+        self._preloads: set[asyncio.Task[None]] = set()  # reservations' loads in advance
+
+    def _post(self, command: commands.Command) -> None:
+        """Into the inbox; never blocks (the parts and the supervisor post through it)."""
+        self._inbox.post(command)
 
     # ---- public API -------------------------------------------------------------------------
 
     @property
     def config(self) -> RouterConfig:
-        return self._config
+        return self._scheduler.config
 
     async def start(self) -> list[supervisor.Leftover]:
         """Reap leftovers (S8), start the loop, timer and sampler, then load-on-startup (A13).
@@ -58,29 +114,9 @@ class Engine(Inbox):
         Raises ``StartupError`` (a ValueError) before anything starts when more models load on
         startup than ``models_max``. Returns the leftovers of a previous router, for the audit.
         """
-        if self._loop_task is not None:
+        if self._inbox.started:
             raise RuntimeError("the engine is already started")
-        startup = startup_loads(self._specs.values(), self._config)
-        leftovers: list[supervisor.Leftover] = []
-        if self._state_file is not None:
-            leftovers = await asyncio.to_thread(supervisor.reap_leftovers, self._state_file)
-            if removed := self._supervisor.remove_stale_keys():
-                log.info("removed %d child key files a previous router left", removed)
-        await self._checks.check_all(self._specs.values())
-        self._loop_task = asyncio.create_task(self._run(), name="router engine")
-        self._tasks.append(asyncio.create_task(self._timer.run(), name="router timer"))
-        if self._memory_interval:
-            pids = self._live_pids
-            sampler = sample_memory(self._memory_interval, pids, self._post, self._sample_soon)
-            self._tasks.append(asyncio.create_task(sampler, name="router memory"))
-        left = [dataclasses.asdict(x) for x in leftovers]
-        self._emit(Event.ROUTER_STARTED, {"models": sorted(self._specs), "leftovers": left})
-        loads = [self.load(name, actor="load-on-startup") for name in startup]
-        results = await asyncio.gather(*loads, return_exceptions=True)
-        for name, result in zip(startup, results, strict=True):
-            if isinstance(result, BaseException):
-                log.warning("load on startup of %s failed: %s", name, result)
-        return leftovers
+        return await self._life.start(self.config, self.load)
 
     async def acquire(
         self,
@@ -120,26 +156,13 @@ class Engine(Inbox):
         loaded model, nothing queued (issue 16.5's hot path). Returns the lease, which never
         expires, or None when the request must take ``acquire`` (a model to load or wait
         for, an unknown name, a request id in use, the engine closing, or an input that
-        cannot be handled now without changing the order of inputs: see ``Inbox._submit``).
+        cannot be handled now without changing the order of inputs: see ``Inbox.submit``).
 
         The same state as ``acquire`` with ``renewable=False`` leaves, and the same inbox
         order; what it leaves out is the command, its future and the list of decisions.
         """
-        if self._closing or not self._inline():
-            return None
         name = self.resolve(model)
-        if name is None or self._callers.busy(request_id):
-            return None
-        now = self._clock()
-        held = self._scheduler.grant_at_once(
-            request_id, name, now=now, actor=actor or "anonymous", priority=priority
-        )
-        if not held:
-            return None
-        address = self._facts.child(name).address
-        lease = self._callers.grant_at_once(request_id, name, actor, address, now)
-        self._rearm_timer()
-        return lease
+        return None if name is None else self._inbox.grant_now(name, request_id, actor, priority)
 
     def acquire_soon(
         self,
@@ -164,11 +187,11 @@ class Engine(Inbox):
         klass = decisions.priority_of(priority)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         kind = decisions.RequestKind.PROXY
-        self._submit(
+        self._inbox.submit(
             commands.Acquire(
                 request_id, name, actor, kind, autoload, future, renewable, klass, patient
             )
-        )  # at once when the inbox is empty (Inbox._submit)
+        )  # at once when the inbox is empty (Inbox.submit)
         return future
 
     def renew(self, lease_id: str, *, idle: float | None = None) -> bool:
@@ -180,7 +203,7 @@ class Engine(Inbox):
         now = self._clock()
         if idle is not None:
             self._callers.progress(lease_id, now - max(0.0, idle))
-        return self._callers.renew(lease_id, now + self._config.lease_ttl)
+        return self._callers.renew(lease_id, now + self.config.lease_ttl)
 
     def progress(self, lease_id: str) -> None:
         """A byte of the leased request's answer went out now: the child is not hung. Cheap
@@ -206,7 +229,7 @@ class Engine(Inbox):
 
     def release(self, lease_id: str) -> None:
         """Finish the leased request; idempotent."""
-        self._submit(commands.Release(lease_id))
+        self._inbox.submit(commands.Release(lease_id))
 
     def drop(self, lease_id: str, *, why: str) -> None:
         """End a lease whose holder is gone (``why``: how we know); idempotent. Published as
@@ -226,13 +249,13 @@ class Engine(Inbox):
         name = self._require(model, 404, "not_found_error")
         load_id = f"load-{uuid.uuid4().hex}"
         self._refuse_unstartable(name, actor, load_id, "load")  # a running one: 400 as before
-        await self._load_request(name, load_id, actor)
+        await self._inbox.load(name, load_id, actor)
 
     async def unload(self, model: str, *, actor: str = "") -> None:
         """Start stopping the model (busy or not); return without waiting for the exit."""
         name = self._require(model, 400, "invalid_request_error")
-        done: asyncio.Future[None] = self._future()
-        await self._call(commands.Unload(name, actor, done), done)
+        done: asyncio.Future[None] = self._inbox.future()
+        await self._inbox.call(commands.Unload(name, actor, done), done)
 
     async def cancel_queued(
         self, *, model: str | None = None, request_id: str | None = None, actor: str = ""
@@ -245,22 +268,24 @@ class Engine(Inbox):
         if (model is None) == (request_id is None):
             raise RouterError(400, "invalid_request_error", "give either model or request_id")
         name = self._require(model, 404, "not_found_error") if model is not None else None
-        result: asyncio.Future[list[str]] = self._future()
-        return await self._call(commands.CancelQueued(name, request_id, actor, result), result)
+        result: asyncio.Future[list[str]] = self._inbox.future()
+        return await self._inbox.call(
+            commands.CancelQueued(name, request_id, actor, result), result
+        )
 
     async def reload(
         self, presets: Iterable[PresetSpec], *, actor: str = ""
     ) -> dict[str, list[str]]:
         """Reconcile with new presets (A14); restart only running models whose command changed."""
-        result: asyncio.Future[dict[str, list[str]]] = self._future()
-        changes = await self._call(commands.Reload(tuple(presets), actor, result), result)
-        await self._checks.check_all(self._specs.values())
+        result: asyncio.Future[dict[str, list[str]]] = self._inbox.future()
+        changes = await self._inbox.call(commands.Reload(tuple(presets), actor, result), result)
+        await self._checks.check_all(self._presets.current.values())
         return changes
 
     async def update_settings(self, config: RouterConfig, *, actor: str = "") -> None:
         """Apply new limits: more slots are claimed at once, fewer shrink to the cap (A5)."""
-        done: asyncio.Future[None] = self._future()
-        await self._call(commands.UpdateSettings(config, actor, done), done)
+        done: asyncio.Future[None] = self._inbox.future()
+        await self._inbox.call(commands.UpdateSettings(config, actor, done), done)
 
     async def set_reservations(
         self, reservations: Mapping[str, Iterable[str]], *, actor: str = ""
@@ -281,8 +306,8 @@ class Engine(Inbox):
                 unknown.append(model)
                 continue
             reserved[name] = reserved.get(name, frozenset()) | frozenset(owners)
-        result: asyncio.Future[list[str]] = self._future()
-        added = await self._call(commands.SetReservations(reserved, actor, result), result)
+        result: asyncio.Future[list[str]] = self._inbox.future()
+        added = await self._inbox.call(commands.SetReservations(reserved, actor, result), result)
         loading = [name for name in added if not self._runs(name)]
         for name in loading:
             task = asyncio.create_task(self._load_reserved(name), name=f"reservation {name}")
@@ -298,7 +323,8 @@ class Engine(Inbox):
         """Raise 503 at once, before the request joins the queue and anyone is evicted for it,
         when the model is not running and cannot start (preflight.py). A model that runs needs
         no start: nothing is checked."""
-        if self._runs(name) or (problem := self._checks.check(self._specs[name])) is None:
+        spec = self._presets.current[name]
+        if self._runs(name) or (problem := self._checks.check(spec)) is None:
             return
         data = {"model": name, "reason": problem, "actor": actor or "anonymous",
                 "request_id": request_id, "kind": kind}  # fmt: skip
@@ -316,10 +342,10 @@ class Engine(Inbox):
         scheduler, feed = self._scheduler, self._feed
         snap = self._facts.snapshot(
             feed.seq, feed.changes, scheduler.models, scheduler.model, scheduler.queue(),
-            self._spec, self._callers.holders(), self._config, self._wall,
+            self._presets.spec, self._callers.holders(), self.config, self._wall,
         )  # fmt: skip
         use = self._scheduler.recent_use(self._clock())  # issue 17.5: who used it lately
-        policy = {"policy": self._config.queue_policy.value, "recent_use": use}
+        policy = {"policy": self.config.queue_policy.value, "recent_use": use}
         reserved = {name: sorted(o) for name, o in sorted(self._scheduler.reservations().items())}
         for entry in snap["models"]:
             entry["cannot_start"] = self._checks.why(entry["name"])
@@ -348,7 +374,7 @@ class Engine(Inbox):
 
     def resolve(self, name_or_alias: str) -> str | None:
         """Return the preset name for a name or alias, or None."""
-        return name_or_alias if name_or_alias in self._specs else self._aliases.get(name_or_alias)
+        return self._presets.resolve(name_or_alias)
 
     def add_tap(self, tap: Callable[[EngineEvent], None]) -> None:
         """Call ``tap`` synchronously with every event, before its decision takes effect (the
@@ -364,9 +390,7 @@ class Engine(Inbox):
 
     async def shutdown(self) -> None:
         """Reject waiters, stop every child within its stop-timeout, await the exits. Idempotent."""
-        if self._shutdown_task is None:
-            self._shutdown_task = asyncio.ensure_future(self._shut_down())
-        await asyncio.shield(self._shutdown_task)
+        await self._life.shutdown()
 
     # ---- test hooks (STYLE 9) ---------------------------------------------------------------
 
@@ -377,61 +401,11 @@ class Engine(Inbox):
 
     async def until_idle(self) -> None:
         """Return once every posted command is handled and nothing new arrives."""
-        quiet = 0
-        while quiet < 3:
-            quiet = quiet + 1 if self._inbox.empty() else 0
-            await self._inbox.join()
-            await asyncio.sleep(0)
+        await self._inbox.until_idle()
 
     def _require(self, model: str, status: int, error_type: str) -> str:
-        self._check_open()
+        self._inbox.check_open()
         name = self.resolve(model)
         if name is None:
             raise RouterError(status, error_type, f"model '{model}' not found")
         return name
-
-    def _check_open(self) -> None:
-        if self._closing:
-            raise unavailable("router is shutting down")
-        if self._loop_task is None or self._loop_task.done():
-            raise unavailable("router is not running")
-
-    def _future(self) -> asyncio.Future[Any]:
-        self._check_open()
-        return asyncio.get_running_loop().create_future()
-
-    async def _call(self, command: commands.Command, future: asyncio.Future[T]) -> T:
-        self._post(command)
-        return await future
-
-    async def _load_request(self, name: str, load_id: str, actor: str) -> None:
-        """Queue a load like a request (A9) and wait for its grant (its spawn)."""
-        future: asyncio.Future[Lease | None] = self._future()
-        kind = decisions.RequestKind.LOAD
-        # A load answers once its spawn task ran: through the inbox, never inline.
-        self._post(commands.Acquire(load_id, name, actor, kind, True, future))
-        try:
-            await future
-        except asyncio.CancelledError:
-            self._post(commands.Leave(load_id))  # A7: leave the queue
-            raise
-
-    async def _shut_down(self) -> None:
-        if self._loop_task is None or self._loop_task.done():
-            self._feed.close()
-            return
-        self._closing = True  # no new callers from here on (the loop sets it too)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self._call(commands.Shutdown(decisions.ROUTER_ACTOR, done), done)
-        timeouts = [s.stop_timeout for s in (*self._specs.values(), *self._retired.values())]
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(timeouts, default=0.0) + SHUTDOWN_GRACE):
-                await self._drained.wait()
-        await self._supervisor.shutdown(0.0)  # whatever is left (stuck, S6): SIGKILL, await
-        self._post(commands.Quit())
-        await self._loop_task
-        for task in (*self._tasks, *self._probes):
-            task.cancel()
-        await asyncio.gather(*self._tasks, *self._probes, return_exceptions=True)
-        self._callers.close(unavailable("router is shutting down"))
-        self._feed.close()

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from routerpanel.router.base import Prober
 from routerpanel.router.catalogue import Event
 from routerpanel.router.config import PresetSpec, RouterConfig
 from routerpanel.router.engine import Engine, EngineEvent, Lease
+from routerpanel.router.parts import Prober
 from routerpanel.router.preflight import Preflight
 from routerpanel.router.preflight import never as preflight_never
 from routerpanel.router.supervisor import (

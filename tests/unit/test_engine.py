@@ -92,11 +92,11 @@ class TestGrantQueueEvict:
     async def test_a_release_from_inside_a_handler_is_posted_not_nested(self, h: Harness) -> None:
         await h.warm("a")
         lease = await h.engine.acquire("a", request_id="r1")
-        h.engine._handling = True  # as if a handler (or a tap it calls) released it
+        h.engine._inbox.handling = True  # as if a handler (or a tap it calls) released it
         try:
             h.engine.release(lease.lease_id)
         finally:
-            h.engine._handling = False
+            h.engine._inbox.handling = False
         assert h.engine._inbox.qsize() == 1 and h.model("a")["in_flight"] == 1
         await h.idle()
         assert h.model("a")["in_flight"] == 0
@@ -150,11 +150,11 @@ class TestGrantQueueEvict:
         h.engine.note(Event.ROUTER_STARTED, {})  # an input waits in the inbox
         assert h.engine.grant_now("a", request_id="x3") is None
         await h.idle()
-        h.engine._handling = True  # as if a handler (or a tap it calls) asked
+        h.engine._inbox.handling = True  # as if a handler (or a tap it calls) asked
         try:
             assert h.engine.grant_now("a", request_id="x4") is None
         finally:
-            h.engine._handling = False
+            h.engine._inbox.handling = False
         assert h.model("a")["in_flight"] == 1  # only x1 holds it
         lease = h.engine.grant_now("a", request_id="x5")
         assert lease is not None and h.model("a")["in_flight"] == 2
@@ -613,8 +613,9 @@ class TestTime:
             clock.advance(1.0)
             lease = await engine.acquire("b", request_id="r")  # expires at +31 s, after a's ttl
             handled: list[object] = []  # every command the owner loop takes from now on
-            for kind, handler in list(engine._handlers.items()):
-                engine._handlers[kind] = lambda cmd, run=handler: (handled.append(cmd), run(cmd))
+            handlers = engine._inbox.handlers
+            for kind, handler in list(handlers.items()):
+                handlers[kind] = lambda cmd, run=handler: (handled.append(cmd), run(cmd))
             for second in (1.5, 2.5, 3.5, 4.5, 4.9):  # not a polling period: nothing runs
                 clock.advance(ready + second - clock.now)
                 await turns()
