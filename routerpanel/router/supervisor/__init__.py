@@ -39,12 +39,13 @@ the whole group gets SIGKILL. The leader's exit is awaited through the loop's ch
 (S5; on Python 3.11 ``Process.wait()`` would also wait for pipes a grandchild may hold); then
 the rest of its group is SIGKILLed, so wrappers leave no orphans, and the pipes are drained.
 
-Modules: ``core`` (the ``Supervisor``: spawn, watch, reap, shutdown), built in layers on
-``base`` (what it owns, reporting, the state file), ``output`` (reading a child's pipes, state
-lines, readiness) and ``stopping`` (S4, S6); beside them ``reports`` (what it reports), ``child``
+Modules: ``core`` (the ``Supervisor``: spawn, watch, reap, shutdown), which owns the children
+and composes its parts, each with its own state: ``reporter`` (the ``post`` callback and the
+log rings, which the others report through), ``output`` (reading a child's pipes, state lines,
+readiness), ``stopping`` (S4, S6), ``statefile`` (the state file's writer, and leftovers, S8)
+and ``keys`` (the child keys' files); beside them ``reports`` (what it reports), ``child``
 (one child's record), ``protocol`` (state lines, line splitting, the /health probe), ``flood``
-(the log budget), ``processes`` (ports, environment, process groups) and ``statefile`` (the
-state file and leftovers, S8).
+(the log budget) and ``processes`` (ports, environment, process groups).
 """
 
 from __future__ import annotations

@@ -85,6 +85,11 @@ class Child:
         self.timers.clear()
 
 
+def now() -> float:
+    """The loop's clock, which the children's deadlines and timers are in."""
+    return asyncio.get_running_loop().time()
+
+
 def exit_error(child: Child, code: int | None, sig: int | None) -> str:
     if child.load_timed_out:
         return f"load timeout: not ready after {child.launch.load_timeout} s"

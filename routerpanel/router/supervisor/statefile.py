@@ -1,22 +1,28 @@
-"""Own the state file (S8): write it atomically, and at start kill the children a crashed
-router left behind (``reap_leftovers``), never a process whose pid was reused.
+"""Own the state file (S8): write it atomically (``StateWriter``), and at start kill the
+children a crashed router left behind (``reap_leftovers``), never a process whose pid was reused.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import psutil  # type: ignore[import-untyped, unused-ignore]  # no stubs: types-psutil
 
 from routerpanel.router.supervisor.reports import Leftover
+
+log = logging.getLogger("routerpanel.router.supervisor")  # the package's name, as before the split
+STATE_RETRY = 1.0  # seconds between two tries to write a state file that could not be written
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -113,3 +119,46 @@ def _alive(pid: int) -> bool:
     except psutil.Error:
         return False
     return status != "zombie"  # psutil.STATUS_ZOMBIE
+
+
+class StateWriter:
+    """Rewrite the state file (S8) whenever the set of children changes.
+
+    A write that fails (a full disk, a read-only data dir) never lets a child go unwatched: the
+    supervisor goes on without the file (S8 is a safety net for the next start, not a condition
+    of this one), ``problem`` says why, and the write is tried again every ``STATE_RETRY``
+    seconds until it succeeds.
+    """
+
+    def __init__(self, path: Path | None, records: Callable[[], list[dict[str, Any]]]) -> None:
+        self._path = path
+        self._records = records  # the children as the file lists them
+        self.problem: str | None = None
+        self._retry: asyncio.TimerHandle | None = None
+
+    def write(self) -> None:
+        """Rewrite the state file atomically: temp file in the same dir, then replace."""
+        if self._path is None:
+            return
+        data = json.dumps({"version": 1, "router_pid": os.getpid(), "children": self._records()})
+        try:
+            atomic_write(self._path, data)
+        except OSError as exc:  # ENOSPC, EIO, EROFS: never lets a child go unwatched
+            self._failed(exc)
+            return
+        if self.problem is not None:
+            self.problem = None
+            log.warning("the state file %s is written again", self._path)
+
+    def _failed(self, exc: OSError) -> None:
+        problem = f"could not write the state file {self._path}: {exc.strerror or exc}"
+        if problem != self.problem:
+            self.problem = problem
+            log.warning("%s; retrying every %g s", problem, STATE_RETRY)
+        if self._retry is None or self._retry.cancelled():
+            with contextlib.suppress(RuntimeError):  # no running loop: the next change retries
+                self._retry = asyncio.get_running_loop().call_later(STATE_RETRY, self._again)
+
+    def _again(self) -> None:
+        self._retry = None
+        self.write()

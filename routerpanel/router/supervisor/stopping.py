@@ -10,60 +10,56 @@ from __future__ import annotations
 import contextlib
 import signal
 
-from routerpanel.router.supervisor.base import log
-from routerpanel.router.supervisor.child import Child
-from routerpanel.router.supervisor.output import Output
+from routerpanel.router.supervisor.child import Child, now
 from routerpanel.router.supervisor.processes import killpg
 from routerpanel.router.supervisor.protocol import EXIT_COMMAND
+from routerpanel.router.supervisor.reporter import Reporter, log
 from routerpanel.router.supervisor.reports import ChildStuck
 
 EXIT_RESEND = 1.0  # seconds after the exit command before it is sent once more
 
 
-class Stopping(Output):
+class Stopping:
     """Stop and kill children; mark the ones that survive SIGKILL as stuck."""
 
-    def stop(self, name: str, stop_timeout: float) -> bool:
-        """Ask ``name`` to exit; SIGKILL its group at now + ``stop_timeout`` (S4).
+    def __init__(self, reporter: Reporter, kill_grace: float) -> None:
+        self._reporter = reporter
+        self._note = reporter.note  # a line of the supervisor's own about a child
+        self._kill_grace = kill_grace  # after SIGKILL, before a live group is stuck (S6)
 
-        A second stop can only move the deadline earlier. Returns False for an unknown name;
-        True for a child whose exit is being processed (its ``ChildExited`` is coming).
+    def stop(self, child: Child, stop_timeout: float) -> None:
+        """Ask ``child`` to exit; SIGKILL its group at now + ``stop_timeout`` (S4).
+
+        A second stop can only move the deadline earlier. A child whose exit is being
+        processed (its ``ChildExited`` is coming) only gets no bind retry.
         """
-        child = self._children.get(name)
-        if child is None:
-            return False
         if child.exited:  # its ChildExited is coming; only make sure no bind retry follows
             child.cancel_retry = True
-            return True
-        now = self._now()
+            return
+        at = now()
         if child.stop_requested_at is None:
-            child.stop_requested_at = now
+            child.stop_requested_at = at
         if child.ready_at is None or stop_timeout <= 0:
             # S4: a loading child does not read stdin yet (ROUTER_SPEC 4.12): kill at once.
             why = "stopped while loading" if child.ready_at is None else "stop timeout 0"
             self._force_kill(child, why)
-            return True
-        deadline = now + stop_timeout
+            return
+        deadline = at + stop_timeout
         if child.stop_deadline is not None and child.stop_deadline <= deadline:
-            return True
+            return
         if child.stop_deadline is None:
             self._ask_to_exit(child)
         child.stop_deadline = deadline  # STYLE 4: deadlines are data
         child.arm("deadline", deadline, lambda: self._on_stop_deadline(child))
-        return True
 
-    def kill(self, name: str) -> bool:
-        """SIGKILL the process group of ``name`` now (an expected stop)."""
-        child = self._children.get(name)
-        if child is None:
-            return False
+    def kill(self, child: Child) -> None:
+        """SIGKILL the process group of ``child`` now (an expected stop)."""
         if child.exited:  # its ChildExited is coming; only make sure no bind retry follows
             child.cancel_retry = True
-            return True
+            return
         if child.stop_requested_at is None:
-            child.stop_requested_at = self._now()
+            child.stop_requested_at = now()
         self._force_kill(child, "kill requested")
-        return True
 
     def _ask_to_exit(self, child: Child, *, again: bool = False) -> None:
         if child.launch.child_protocol:
@@ -75,7 +71,7 @@ class Stopping(Output):
                 # llama-server b11434 loses an exit command that arrives between its `ready` line
                 # and the start of its task loop (start_loop() sets running = true after
                 # terminate() set it false): say it once more a moment later.
-                when = self._now() + EXIT_RESEND
+                when = now() + EXIT_RESEND
                 child.arm("resend", when, lambda: self._ask_to_exit(child, again=True))
         else:
             killpg(child.pid, signal.SIGTERM)
@@ -84,7 +80,7 @@ class Stopping(Output):
     def _on_stop_deadline(self, child: Child) -> None:
         self._force_kill(child, "force-killing after the stop timeout")
 
-    def _on_load_timeout(self, child: Child) -> None:
+    def on_load_timeout(self, child: Child) -> None:
         if child.ready_at is None and not child.exited:
             child.load_timed_out = True
             self._force_kill(child, f"load timeout: not ready after {child.launch.load_timeout} s")
@@ -92,17 +88,17 @@ class Stopping(Output):
     def _force_kill(self, child: Child, reason: str) -> None:
         if child.killed_at is not None or child.exited:
             return
-        child.killed_at = self._now()
+        child.killed_at = now()
         self._note(child.name, child, f"SIGKILL to process group {child.pid}: {reason}")
         killpg(child.pid, signal.SIGKILL)
-        child.arm("stuck", child.killed_at + self._kill_grace, lambda: self._mark_stuck(child))
+        child.arm("stuck", child.killed_at + self._kill_grace, lambda: self.mark_stuck(child))
 
-    def _mark_stuck(self, child: Child, since: float | None = None) -> None:
+    def mark_stuck(self, child: Child, since: float | None = None) -> None:
         if child.stuck:
             return
         child.stuck = True
         if since is None:
-            since = self._now() - (child.killed_at or child.started)
+            since = now() - (child.killed_at or child.started)
         self._note(child.name, child, f"still alive {since:.1f} s after SIGKILL (stuck)")
         log.warning("child %s (pid %d) survives SIGKILL", child.name, child.pid)
-        self._post(ChildStuck(child.name, child.pid, since))
+        self._reporter.post(ChildStuck(child.name, child.pid, since))
