@@ -4,6 +4,8 @@
 failed loads) and the FIFO queue (one entry per model; its waiters share it, A2). It does no I/O,
 never logs, sleeps or reads a clock: every input takes ``now`` (monotonic seconds) and returns
 ``list[Decision]`` (decisions.py) in the order things happened. One owner calls it; no locks.
+It owns a ``Book`` (book.py: the table, the queue, one input's decisions) and an ``Admission``
+(admission.py: A1-A12 over that book), and runs admission at the end of each input.
 
 Inputs (all keyword ``now``):
   request_arrived(request_id, model, actor=, kind=)  a proxy request or a load (A9) wants a model
@@ -81,11 +83,12 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
-from routerpanel.router.admission import (
+from routerpanel.router.admission import Admission
+from routerpanel.router.book import (
     QUEUE_VIEW_REQUESTS,
     RETRY_AFTER,
     WATCHDOG_ACTOR,
-    Admission,
+    Book,
     ModelRecord,
     NotRunningError,
     UnknownModelError,
@@ -93,10 +96,12 @@ from routerpanel.router.admission import (
 from routerpanel.router.config import PresetSpec, QueuePolicy, RouterConfig, preset_map
 from routerpanel.router.decisions import (
     SCHEDULER_ACTOR,
-    BackedOff,
     Decision,
+    ModelView,
     PresetsReloaded,
     Priority,
+    QueueChanged,
+    QueueEntryView,
     RequestKind,
     StopReason,
     Trigger,
@@ -123,8 +128,62 @@ __all__ = [
 ChildState = Literal["loading", "ready", "sleeping"]
 
 
-class Scheduler(Admission):
+class Scheduler:
     """Own the model table and the queue; turn inputs into decisions (see the module docstring)."""
+
+    def __init__(self, presets: Iterable[PresetSpec], config: RouterConfig) -> None:
+        self._book = Book(presets, config)  # the table, the queue, one input's decisions
+        self._admission = Admission(self._book)  # A1-A12, run at the end of each input
+
+    # ---- read-only ---------------------------------------------------------------------------
+
+    @property
+    def config(self) -> RouterConfig:
+        """Return the limits in force."""
+        return self._book.config
+
+    def model(self, name: str) -> ModelView:
+        """Return a snapshot of one model; raise UnknownModelError."""
+        return self._book.model_view(name)
+
+    def servable(self, name: str) -> bool:
+        """May a request for ``name`` be granted now, without a load (A1)? False if unknown."""
+        m = self._book.models.get(name)
+        return m is not None and self._book.serving(m)
+
+    def loaded(self, name: str) -> bool:
+        """Is ``name`` loaded (not sleeping, not loading) and not stopping? False if unknown.
+        The hang watchdog asks this per busy model on every input (no view built)."""
+        m = self._book.models.get(name)
+        return m is not None and m.state is LOADED and not m.stopping
+
+    def reservations(self) -> dict[str, frozenset[str]]:
+        """Return the models reserved now and the owners each is reserved for (issue 17.6)."""
+        return dict(self._book.reserved)
+
+    def recent_use(self, now: float) -> dict[str, float]:
+        """Return each owner's model-seconds in the fair-share window, most first."""
+        return self._book.use.snapshot(now)
+
+    def models(self) -> tuple[ModelView, ...]:
+        """Return every model, by name (removed ones still running included)."""
+        return tuple(self.model(name) for name in sorted(self._book.models))
+
+    def queue(self) -> tuple[QueueEntryView, ...]:
+        """Return the queue entries, head first."""
+        return self._book.entries()
+
+    def next_deadline(self) -> float | None:
+        """Return when tick() next has work (max wait, ttl, settle timeout); never poll."""
+        return self._book.next_deadline()
+
+    def _end(self, now: float) -> list[Decision]:
+        """Run admission, say whether the queue changed, and hand the decisions over."""
+        self._admission.admit(now)
+        after = self._book.entries()
+        if after != self._book.queue_before:
+            self._book.emit(QueueChanged(after))
+        return self._book.taken()
 
     # ---- inputs ------------------------------------------------------------------------------
 
@@ -156,15 +215,15 @@ class Scheduler(Admission):
              and the request is not patient: 503 at once with the reason (blocked.py).
         (9) Otherwise join the model's entry, at the tail if new (A2); admission follows.
         """
-        if self._queue.holds(request_id) or request_id in self._granted:
+        if self._book.queue.holds(request_id) or request_id in self._book.granted:
             raise ValueError(f"request id {request_id!r} is already in use")
         waiter = WaiterView(request_id, kind, actor, now, priority_of(priority), patient)
-        m = self._models.get(model)
+        m = self._book.models.get(model)
         if m is not None and self._grants_at_once(m, kind):  # (7) on an empty queue
-            self._begin(queue_empty=True)
-            self._grant(waiter, m, now)
-            return self._taken()
-        self._begin()
+            self._book.begin(queue_empty=True)
+            self._book.grant(waiter, m, now)
+            return self._book.taken()
+        self._book.begin()
         self._arrive(waiter, model, now)
         return self._end(now)
 
@@ -183,13 +242,13 @@ class Scheduler(Admission):
         and the caller takes ``request_arrived``. The property machine checks both against
         each other on every arrival that takes this way.
         """
-        m = self._models.get(model)
+        m = self._book.models.get(model)
         if m is None or not self._grants_at_once(m, RequestKind.PROXY):
             return False
-        if self._queue.holds(request_id) or request_id in self._granted:
+        if self._book.queue.holds(request_id) or request_id in self._book.granted:
             return False  # request_arrived says why
         waiter = WaiterView(request_id, RequestKind.PROXY, actor, now, priority_of(priority))
-        self._hold(waiter, m, now)
+        self._book.hold(waiter, m, now)
         return True
 
     def _grants_at_once(self, m: ModelRecord, kind: RequestKind) -> bool:
@@ -200,50 +259,54 @@ class Scheduler(Admission):
         """
         return (
             kind is RequestKind.PROXY
-            and not self._queue
-            and not self._closing
+            and not self._book.queue
+            and not self._book.closing
             and not m.removed
-            and self._servable(m)
+            and self._book.serving(m)
         )
 
     def _arrive(self, w: WaiterView, name: str, now: float) -> None:
-        m = self._models.get(name)
+        m = self._book.models.get(name)
         load = w.kind is RequestKind.LOAD
         if (m is None or m.removed) and load:  # (1)
-            return self._reject(w, name, 404, "not_found_error", "model is not found")
+            return self._book.reject(w, name, 404, "not_found_error", "model is not found")
         if m is None or m.removed:  # (1)
-            return self._reject(w, name, 400, "invalid_request_error", f"model '{name}' not found")
-        if self._closing:  # (2)
-            return self._reject(w, name, 503, "unavailable_error", "router is shutting down")
+            return self._book.reject(
+                w, name, 400, "invalid_request_error", f"model '{name}' not found"
+            )
+        if self._book.closing:  # (2)
+            return self._book.reject(w, name, 503, "unavailable_error", "router is shutting down")
         if load and m.state in RUNNING and not m.stopping:  # (3)
-            return self._reject(w, name, 400, "invalid_request_error", "model is already running")
+            return self._book.reject(
+                w, name, 400, "invalid_request_error", "model is already running"
+            )
         if load and m.state is QUARANTINED:  # (4) one more failure quarantines it again
-            m.failures = max(0, self._config.quarantine_after - 1)
+            m.failures = max(0, self._book.config.quarantine_after - 1)
             # quarantined -> unloaded (retried by an explicit load, A10)
-            self._set_state(m, UNLOADED, f"quarantine lifted by a load from {w.actor}")
+            self._book.set_state(m, UNLOADED, f"quarantine lifted by a load from {w.actor}")
         if m.state is QUARANTINED:  # (5) A10: fail fast, no spawn
             text = f"model name={name} failed to load (quarantined after {m.failures} "
             text += "consecutive failures: edit the preset or load it explicitly)"
-            return self._reject(w, name, 500, "server_error", text, details=m.log_tail)
+            return self._book.reject(w, name, 500, "server_error", text, details=m.log_tail)
         if m.state is STUCK:  # (6)
-            text = self._stuck_text(name)
-            return self._reject(w, name, 503, "unavailable_error", text, RETRY_AFTER)
+            text = self._book.stuck_text(name)
+            return self._book.reject(w, name, 503, "unavailable_error", text, RETRY_AFTER)
         if load and m.crashes.strikes:  # (6b) an explicit load resets the back-off
             m.crashes.clear()
         left = m.crashes.remaining(now) if m.state in DOWN else None
         if left is not None:  # (6b)
-            text = self._backoff_text(m, left)
-            return self._reject(w, name, 503, "unavailable_error", text, math.ceil(left))
-        if self._servable(m):  # (7) A1
-            return self._grant(w, m, now)
-        entry = self._queue.entry_for(name)
-        limit = self._config.max_waiters
+            text = self._book.backoff_text(m, left)
+            return self._book.reject(w, name, 503, "unavailable_error", text, math.ceil(left))
+        if self._book.serving(m):  # (7) A1
+            return self._book.grant(w, m, now)
+        entry = self._book.queue.entry_for(name)
+        limit = self._book.config.max_waiters
         if entry is not None and limit is not None and len(entry.waiters) >= limit:  # (8) A8
             text = f"too many requests are waiting for model name={name} (max_waiters={limit})"
-            return self._reject(w, name, 503, "unavailable_error", text, RETRY_AFTER)
-        if not w.patient and m.state not in RUNNING and (why := self._blocked(name)):  # (8b)
-            return self._reject(w, name, 503, "unavailable_error", why)
-        self._queue.join(w, name, now)  # (9) A2
+            return self._book.reject(w, name, 503, "unavailable_error", text, RETRY_AFTER)
+        if not w.patient and m.state not in RUNNING and (why := self._book.blocked(name)):  # (8b)
+            return self._book.reject(w, name, 503, "unavailable_error", why)
+        self._book.queue.join(w, name, now)  # (9) A2
 
     def request_finished(self, request_id: str, *, now: float) -> list[Decision]:
         """Release a granted proxy request; a waiting one leaves instead (A7).
@@ -254,51 +317,51 @@ class Scheduler(Admission):
         shrink). The property machine checks this against the full pass on every step.
         """
         quiet = self._finishes_quietly()
-        self._begin(queue_empty=quiet)
+        self._book.begin(queue_empty=quiet)
         self._finish(request_id, now)
-        if quiet and min(self._room(set())) >= 0:
-            return self._taken()
+        if quiet and min(self._admission.room(set())) >= 0:
+            return self._book.taken()
         return self._end(now)
 
     def _finishes_quietly(self) -> bool:
-        return not self._queue and self._settle_since is None
+        return not self._book.queue and self._book.settle_since is None
 
     def _finish(self, request_id: str, now: float) -> None:
-        if self._queue.holds(request_id):
-            self._queue.leave(request_id)
-        name = self._granted.pop(request_id, None)
-        if (owner := self._holders.pop(request_id, None)) is not None:
-            self._use.release(owner, now)
-        m = self._models.get(name) if name is not None else None
+        if self._book.queue.holds(request_id):
+            self._book.queue.leave(request_id)
+        name = self._book.granted.pop(request_id, None)
+        if (owner := self._book.holders.pop(request_id, None)) is not None:
+            self._book.use.release(owner, now)
+        m = self._book.models.get(name) if name is not None else None
         if m is not None:
             m.in_flight -= 1
             m.last_used = now  # §15.26: finishing is use too
             if m.in_flight == 0 and m.drain_then is not None and not m.stopping:
                 # loaded -> loaded+stopping (drained for a reload or removal, A14)
-                self._stop(m, m.drain_then, Trigger(SCHEDULER_ACTOR), now)
+                self._book.stop(m, m.drain_then, Trigger(SCHEDULER_ACTOR), now)
 
     def waiter_left(self, request_id: str, *, now: float) -> list[Decision]:
         """Remove a waiter whose client went away (A7); a granted request is finished instead."""
-        if request_id in self._granted:
+        if request_id in self._book.granted:
             return self.request_finished(request_id, now=now)
-        self._begin()
-        self._queue.leave(request_id)  # A7: an entry left empty leaves
+        self._book.begin()
+        self._book.queue.leave(request_id)  # A7: an entry left empty leaves
         return self._end(now)
 
     def child_state(self, model: str, state: ChildState, *, now: float) -> list[Decision]:
         """Mirror a child's state line; lines that fit no edge are ignored (llama.cpp aborts)."""
-        m = self._known(model)
-        self._begin()
+        m = self._book.known(model)
+        self._book.begin()
         if state == "ready" and m.state in (LOADING, SLEEPING):
-            self._charge_load(model, now)
+            self._book.charge_load(model, now)
             m.failures, m.last_used = 0, now
             if m.ready_at is None:
                 m.ready_at = now
-            self._set_state(m, LOADED, "child ready")  # loading|sleeping -> loaded
+            self._book.set_state(m, LOADED, "child ready")  # loading|sleeping -> loaded
         elif state == "sleeping" and m.state is LOADED:
-            self._set_state(m, SLEEPING, "child went to sleep")  # loaded -> sleeping (A12)
+            self._book.set_state(m, SLEEPING, "child went to sleep")  # loaded -> sleeping (A12)
         elif state == "loading" and m.state is SLEEPING:
-            self._set_state(m, LOADING, "child waking up")  # sleeping -> loading
+            self._book.set_state(m, LOADING, "child waking up")  # sleeping -> loading
         return self._end(now)
 
     def child_ready(self, model: str, *, now: float) -> list[Decision]:
@@ -309,77 +372,45 @@ class Scheduler(Admission):
         self, model: str, *, now: float, exit_code: int | None, log_tail: Sequence[str] = ()
     ) -> list[Decision]:
         """Record a reaped child: its slot is free now (A6); a failed load answers 500 (A10)."""
-        m = self._known(model)
+        m = self._book.known(model)
         if m.state not in RUNNING:
             raise ValueError(f"model {model!r} has no child to exit (state {m.state})")
-        self._begin()
-        self._charge_load(model, now)
+        self._book.begin()
+        self._book.charge_load(model, now)
         tail = tuple(log_tail)
         if m.stop_reason is StopReason.HUNG:
             m.log_tail = tail
             # loaded|sleeping|stuck -> failed (killed by the watchdog: it stopped responding)
-            self._set_state(m, FAILED, "killed: it stopped responding")
-            self._crashed(m, now, "killed: it stopped responding")
+            self._book.set_state(m, FAILED, "killed: it stopped responding")
+            self._book.crashed(m, now, "killed: it stopped responding")
         elif m.stop_reason is not None:  # asked to stop: a clean unload, whatever the code
-            self._set_state(m, UNLOADED, f"stopped ({m.stop_reason})")  # running -> unloaded
+            self._book.set_state(m, UNLOADED, f"stopped ({m.stop_reason})")  # running -> unloaded
         elif m.state is LOADING:
-            self._failed_load(m, exit_code, tail)
+            self._book.failed_load(m, exit_code, tail)
         else:
             m.log_tail = tail
             to = UNLOADED if exit_code == 0 else FAILED
             # loaded|sleeping|stuck -> failed (or unloaded on code 0): it exited unasked
-            self._set_state(m, to, f"child exited with code {exit_code}")
-            self._crashed(m, now, f"exit code {exit_code}")
+            self._book.set_state(m, to, f"child exited with code {exit_code}")
+            self._book.crashed(m, now, f"exit code {exit_code}")
         m.stop_reason = m.drain_then = m.ready_at = None
         if m.removed:
-            del self._models[model]
-        if self._config.memory_budget is not None:  # the settle gate closes (memory mode)
-            self._settle_since, self._available = now, None
+            del self._book.models[model]
+        if self._book.config.memory_budget is not None:  # the settle gate closes (memory mode)
+            self._book.settle_since, self._book.available = now, None
         return self._end(now)
-
-    def _crashed(self, m: ModelRecord, now: float, reason: str) -> None:
-        """A ready child died unasked: a crash-loop strike if it was ready only briefly."""
-        if m.ready_at is None:
-            return
-        delay = m.crashes.died(uptime=now - m.ready_at, now=now, reason=reason)
-        if delay is None:
-            return
-        name = m.spec.name
-        self._emit(BackedOff(name, delay, m.crashes.strikes, reason))
-        text = self._backoff_text(m, delay)
-        self._cancel_entry(name, 503, "unavailable_error", text, math.ceil(delay))
-
-    def _backoff_text(self, m: ModelRecord, left: float) -> str:
-        n = m.crashes.strikes
-        times = "once" if n == 1 else f"{n} times in a row"
-        return (
-            f"model name={m.spec.name} died soon after it started, {times} "
-            f"(last: {m.crashes.reason}); it is held back for {math.ceil(left)} s before the "
-            "next start"
-        )
-
-    def _failed_load(self, m: ModelRecord, exit_code: int | None, tail: tuple[str, ...]) -> None:
-        m.failures += 1
-        m.log_tail = tail
-        limit = self._config.quarantine_after
-        if 0 < limit <= m.failures:
-            # loading -> quarantined (A10: N consecutive failed loads)
-            self._set_state(m, QUARANTINED, f"{m.failures} consecutive failed loads")
-        else:
-            # loading -> failed (A10: the next request retries)
-            self._set_state(m, FAILED, f"load failed with exit code {exit_code}")
-        text = f"model name={m.spec.name} failed to load"
-        self._cancel_entry(m.spec.name, 500, "server_error", text, details=tail)
 
     def child_stuck(self, model: str, *, now: float) -> list[Decision]:
         """Keep a child that survived SIGKILL counted (S6); its waiters fail fast."""
-        m = self._known(model)
+        m = self._book.known(model)
         if m.state not in RUNNING:
             raise ValueError(f"model {model!r} has no child to be stuck (state {m.state})")
-        self._begin()
+        self._book.begin()
         m.drain_then = None
-        self._set_state(m, STUCK, "survived SIGKILL", stopping=True)  # running -> stuck
-        self._cancel_entry(model, 503, "unavailable_error", self._stuck_text(model), RETRY_AFTER)
+        self._book.set_state(m, STUCK, "survived SIGKILL", stopping=True)  # running -> stuck
+        self._book.cancel_entry(
+            model, 503, "unavailable_error", self._book.stuck_text(model), RETRY_AFTER
+        )
         return self._end(now)
 
     def child_hung(self, model: str, *, now: float) -> list[Decision]:
@@ -388,31 +419,35 @@ class Scheduler(Admission):
         Idempotent while it is already stopping. The exit makes it ``failed`` and counts as a
         crash-loop strike, so a child that hangs on every request is not respawned at once.
         """
-        m = self._known(model)
-        self._begin()
+        m = self._book.known(model)
+        self._book.begin()
         if m.state in RUNNING and not m.stopping:
             # loaded|sleeping -> +stopping (hung: SIGKILL at once, a hung child reads no stdin)
-            self._stop(m, StopReason.HUNG, Trigger(WATCHDOG_ACTOR, queue_depth=self._depth()), now)
+            self._book.stop(
+                m, StopReason.HUNG, Trigger(WATCHDOG_ACTOR, queue_depth=self._book.depth()), now
+            )
         return self._end(now)
 
     def backoff_if_died(self, model: str, *, now: float) -> float | None:
         """The crash-loop back-off ``model``'s child would bring if it died now (None: none)."""
-        m = self._known(model)
+        m = self._book.known(model)
         if m.ready_at is None:
             return None
         return m.crashes.next_delay(uptime=now - m.ready_at)
 
     def unload(self, model: str, *, now: float, actor: str) -> list[Decision]:
         """Stop the model now, busy or not; idempotent while it is already stopping."""
-        m = self._known(model)
+        m = self._book.known(model)
         if m.state not in RUNNING:
             raise NotRunningError(f"model {model!r} is not running")
-        self._begin()
+        self._book.begin()
         if not m.stopping:
             # loaded -> loaded+stopping (unload by actor); loading is killed (S4)
-            self._stop(m, StopReason.UNLOAD, Trigger(actor, queue_depth=self._depth()), now)
+            self._book.stop(
+                m, StopReason.UNLOAD, Trigger(actor, queue_depth=self._book.depth()), now
+            )
         text = f"model name={model} is not running"
-        self._cancel_entry(model, 400, "invalid_request_error", text)
+        self._book.cancel_entry(model, 400, "invalid_request_error", text)
         return self._end(now)
 
     def cancel_waiting(
@@ -426,18 +461,18 @@ class Scheduler(Admission):
         """
         if (model is None) == (request_id is None):
             raise ValueError("cancel_waiting takes exactly one of model or request_id")
-        self._begin()
+        self._book.begin()
         if request_id is not None:
-            entry = self._queue.entry_of(request_id)
+            entry = self._book.queue.entry_of(request_id)
             chosen = [w for w in entry.waiters if w.request_id == request_id] if entry else []
         else:
-            entry = self._queue.entry_for(model or "")
+            entry = self._book.queue.entry_for(model or "")
             chosen = list(entry.waiters) if entry else []
         for w in chosen:
             assert entry is not None
-            self._queue.leave(w.request_id)
+            self._book.queue.leave(w.request_id)
             text = f"the request was cancelled by {actor} while queued for model name={entry.model}"
-            self._reject(w, entry.model, 499, "cancelled", text)
+            self._book.reject(w, entry.model, 499, "cancelled", text)
         return self._end(now)
 
     def reload(self, presets: Iterable[PresetSpec], *, now: float, actor: str) -> list[Decision]:
@@ -448,17 +483,19 @@ class Scheduler(Admission):
         clears ``failed`` (llama.cpp 2.21); an edited preset also lifts a quarantine (A10).
         """
         new = preset_map(presets)
-        self._begin()
-        removed = [name for name, m in self._models.items() if name not in new and not m.removed]
+        self._book.begin()
+        removed = [
+            name for name, m in self._book.models.items() if name not in new and not m.removed
+        ]
         for name in removed:
-            self._remove(self._models[name], now, actor)
+            self._book.remove(self._book.models[name], now, actor)
         added: list[str] = []
         changed: list[str] = []
         restarted: list[str] = []
         for name, spec in new.items():
-            m = self._models.get(name)
+            m = self._book.models.get(name)
             if m is None:
-                self._models[name] = ModelRecord(spec)
+                self._book.models[name] = ModelRecord(spec)
                 added.append(name)
                 continue
             if m.removed:  # back before its old child exited: keep it
@@ -466,46 +503,28 @@ class Scheduler(Admission):
                 m.drain_then = None if m.drain_then is StopReason.REMOVED else m.drain_then
             old, m.spec = m.spec, spec
             if m.state is FAILED:
-                self._set_state(m, UNLOADED, "reload clears failed")  # failed -> unloaded
+                self._book.set_state(m, UNLOADED, "reload clears failed")  # failed -> unloaded
             if spec == old:
                 continue
             changed.append(name)
             m.failures = 0
             if m.state is QUARANTINED:
-                self._set_state(m, UNLOADED, "preset edited")  # quarantined -> unloaded (A10)
+                self._book.set_state(m, UNLOADED, "preset edited")  # quarantined -> unloaded (A10)
             if spec.command != old.command and m.state in RUNNING and not m.stopping:
-                self._restart(m, now, actor)
+                self._book.restart(m, now, actor)
                 restarted.append(name)
         lists = (tuple(added), tuple(removed), tuple(changed), tuple(restarted))
-        self._emit(PresetsReloaded(actor, *lists))
+        self._book.emit(PresetsReloaded(actor, *lists))
         return self._end(now)
-
-    def _remove(self, m: ModelRecord, now: float, actor: str) -> None:
-        name = m.spec.name
-        m.removed = True
-        self._cancel_entry(name, 400, "invalid_request_error", f"model '{name}' not found")
-        if m.state not in RUNNING:
-            del self._models[name]
-        elif not m.stopping and m.in_flight > 0:
-            m.drain_then = StopReason.REMOVED
-        elif not m.stopping:
-            self._stop(m, StopReason.REMOVED, Trigger(actor), now)  # loaded -> loaded+stopping
-
-    def _restart(self, m: ModelRecord, now: float, actor: str) -> None:
-        self._queue.hold(m.spec.name, now, actor)
-        if m.in_flight > 0:
-            m.drain_then = StopReason.RELOAD  # no new requests; stop when the last one ends
-        else:
-            self._stop(m, StopReason.RELOAD, Trigger(actor), now)  # loaded -> loaded+stopping
 
     def settings_changed(self, config: RouterConfig, *, now: float) -> list[Decision]:
         """Apply new limits: more slots are claimed at once, fewer shrink to the cap (A5)."""
-        self._begin()
+        self._book.begin()
         if config.queue_policy is QueuePolicy.FIFO:
-            self._queue.fifo()  # back to arrival order after fair
-        self._config = config
+            self._book.queue.fifo()  # back to arrival order after fair
+        self._book.config = config
         if config.memory_budget is None:
-            self._settle_since = self._available = None
+            self._book.settle_since = self._book.available = None
         return self._end(now)
 
     def set_reservations(
@@ -514,44 +533,48 @@ class Scheduler(Admission):
         """Replace the reservations: ``reserved`` maps each model reserved now to the owners
         (``user:<name>``) it is reserved for (R1, R2). Unknown models are ignored. Unpinning a
         model may let a waiting entry evict it at once (A5)."""
-        self._begin()
-        self._reserved = {
-            name: frozenset(owners) for name, owners in reserved.items() if name in self._models
+        self._book.begin()
+        self._book.reserved = {
+            name: frozenset(owners)
+            for name, owners in reserved.items()
+            if name in self._book.models
         }
         return self._end(now)
 
     def memory_sample(self, available: int, *, now: float) -> list[Decision]:
         """Feed the settle gate; only samples taken after the last exit count."""
-        self._begin()
-        if self._settle_since is not None:
-            self._available = available
+        self._book.begin()
+        if self._book.settle_since is not None:
+            self._book.available = available
         return self._end(now)
 
     def tick(self, *, now: float) -> list[Decision]:
         """Expire waiters past max_wait (A8), stop models idle past their ttl (A11), re-admit."""
-        self._begin()
-        max_wait = self._config.max_wait
+        self._book.begin()
+        max_wait = self._book.config.max_wait
         expired = [
-            (w, e.model) for e in self._queue for w in e.waiters
+            (w, e.model) for e in self._book.queue for w in e.waiters
             if max_wait is not None and now - w.since >= max_wait
         ]  # fmt: skip
         for w, model in expired:
-            self._queue.leave(w.request_id)
+            self._book.queue.leave(w.request_id)
             text = f"waited {max_wait:g} s for model name={model}; retry later"
-            self._reject(w, model, 503, "unavailable_error", text, RETRY_AFTER)
-        for m in self._ttl_candidates():
+            self._book.reject(w, model, 503, "unavailable_error", text, RETRY_AFTER)
+        for m in self._book.ttl_candidates():
             if now - m.last_used >= (m.spec.ttl or 0):
                 # loaded -> loaded+stopping (idle past its ttl, A11)
-                self._stop(m, StopReason.TTL, Trigger(SCHEDULER_ACTOR), now)
+                self._book.stop(m, StopReason.TTL, Trigger(SCHEDULER_ACTOR), now)
         return self._end(now)
 
     def shutdown(self, *, now: float, actor: str) -> list[Decision]:
         """Reject every waiter and stop every child, busy or not; admit nothing afterwards."""
-        self._begin()
-        self._closing = True
-        for entry in list(self._queue):
-            self._cancel_entry(entry.model, 503, "unavailable_error", "router is shutting down")
-        for m in self._models.values():
+        self._book.begin()
+        self._book.closing = True
+        for entry in list(self._book.queue):
+            self._book.cancel_entry(
+                entry.model, 503, "unavailable_error", "router is shutting down"
+            )
+        for m in self._book.models.values():
             if m.state in RUNNING and not m.stopping:
-                self._stop(m, StopReason.SHUTDOWN, Trigger(actor), now)  # running -> +stopping
+                self._book.stop(m, StopReason.SHUTDOWN, Trigger(actor), now)  # running -> +stopping
         return self._end(now)

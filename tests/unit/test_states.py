@@ -124,44 +124,44 @@ class TestCheckTransition:
 
 
 class TestTheChokePoint:
-    """``Scheduler._set_state`` is the only writer of a model's state (STYLE 2)."""
+    """``Book.set_state`` (the scheduler's book) is the only writer of a model's state (STYLE 2)."""
 
     def test_it_emits_exactly_one_event_per_change(self) -> None:
         s = _scheduler()
-        m = s._models["a"]
-        s._set_state(m, S.LOADING, "spawn")
-        assert s._out == [StateChanged("a", S.UNLOADED, S.LOADING, False, "spawn")]
+        m = s._book.models["a"]
+        s._book.set_state(m, S.LOADING, "spawn")
+        assert s._book.out == [StateChanged("a", S.UNLOADED, S.LOADING, False, "spawn")]
         assert m.state is S.LOADING
 
     def test_it_emits_nothing_when_nothing_changes(self) -> None:
         s = _scheduler()
-        m = s._models["a"]
-        s._set_state(m, S.UNLOADED, "no-op")
-        assert s._out == []
+        m = s._book.models["a"]
+        s._book.set_state(m, S.UNLOADED, "no-op")
+        assert s._book.out == []
 
     def test_the_stopping_flag_is_a_change_of_its_own(self) -> None:
         s = _scheduler()
-        m = s._models["a"]
-        s._set_state(m, S.LOADING, "spawn")
-        s._set_state(m, S.LOADING, "kill", stopping=True)
-        s._set_state(m, S.LOADING, "again", stopping=True)
-        assert [(e.to_state, e.stopping) for e in s._out if isinstance(e, StateChanged)] == [
+        m = s._book.models["a"]
+        s._book.set_state(m, S.LOADING, "spawn")
+        s._book.set_state(m, S.LOADING, "kill", stopping=True)
+        s._book.set_state(m, S.LOADING, "again", stopping=True)
+        assert [(e.to_state, e.stopping) for e in s._book.out if isinstance(e, StateChanged)] == [
             (S.LOADING, False),
             (S.LOADING, True),
         ]
 
     def test_the_flag_clears_when_the_child_is_gone(self) -> None:
         s = _scheduler()
-        m = s._models["a"]
-        s._set_state(m, S.LOADING, "spawn")
-        s._set_state(m, S.LOADING, "kill", stopping=True)
-        s._set_state(m, S.UNLOADED, "exit")
+        m = s._book.models["a"]
+        s._book.set_state(m, S.LOADING, "spawn")
+        s._book.set_state(m, S.LOADING, "kill", stopping=True)
+        s._book.set_state(m, S.UNLOADED, "exit")
         assert (m.state, m.stopping) == (S.UNLOADED, False)
 
     def test_it_refuses_an_illegal_edge_and_changes_nothing(self) -> None:
         s = _scheduler()
-        m = s._models["a"]
+        m = s._book.models["a"]
         with pytest.raises(IllegalTransitionError):
-            s._set_state(m, S.SLEEPING, "bogus")
+            s._book.set_state(m, S.SLEEPING, "bogus")
         assert m.state is S.UNLOADED
-        assert s._out == []
+        assert s._book.out == []
