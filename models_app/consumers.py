@@ -42,10 +42,10 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError
 from django.urls import reverse
 
-from models_app import audit, audit_labels, bridge, dashboard_sockets, dashboard_view, layers
-from models_app.messages import EventMessage, EventPayload, EventsMessage
+from models_app import audit, audit_labels, dashboard_sockets, dashboard_view, layers, topology
 from models_app.models import AuditEvent, Preset
 from models_app.roles import Role, role_of
+from models_app.routing.messages import EventMessage, EventPayload, EventsMessage
 from models_app.views import actions, common, memory
 from routerpanel.router.catalogue import QUIET
 
@@ -124,7 +124,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Ch
         self.view = dashboard_view.View.of({key: values[0] for key, values in query.items()})
         await self.accept()
         try:
-            await self.channel_layer.group_add(bridge.EVENTS_GROUP, self.channel_name)
+            await self.channel_layer.group_add(topology.EVENTS_GROUP, self.channel_name)
         except Exception as exc:  # Redis away: the snapshot loop below waits for the router
             log.warning("dashboard: could not join the events group yet: %s", exc)
             self._spawn(self._join_later())
@@ -143,7 +143,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Ch
         for task in getattr(self, "tasks", ()):
             task.cancel()
         with contextlib.suppress(Exception):
-            await self.channel_layer.group_discard(bridge.EVENTS_GROUP, self.channel_name)
+            await self.channel_layer.group_discard(topology.EVENTS_GROUP, self.channel_name)
         if self.admitted:
             self._let_go()
             await dashboard_sockets.release(self.channel_layer, self.user.pk, self.channel_name)
@@ -162,7 +162,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Ch
         while True:
             await asyncio.sleep(delay)
             try:
-                await self.channel_layer.group_add(bridge.EVENTS_GROUP, self.channel_name)
+                await self.channel_layer.group_add(topology.EVENTS_GROUP, self.channel_name)
             except Exception:
                 delay = min(delay * 2, SNAPSHOT_RETRY_MAX)
                 continue

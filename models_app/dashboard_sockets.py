@@ -141,10 +141,10 @@ async def release(layer: Any, user: Any, channel: str) -> None:
 
 async def families(layer: Any) -> list[dict[str, Any]]:
     """Gauges of what this process's dashboard sockets hold (``metrics.render``'s input)."""
-    from models_app import bridge, layers
+    from models_app import layers, topology
 
     held = layers.held(layer)
-    members = await layers.group_size(layer, bridge.EVENTS_GROUP)
+    members = await layers.group_size(layer, topology.EVENTS_GROUP)
     gauges = [
         ("dashboard_sockets", "Dashboard sockets open in this web process.",
          sum(len(c) for c in OPEN.by_user.values())),

@@ -10,7 +10,7 @@ instead of failing at once: redis-py's default pool refuses its 101st concurrent
 "Too many connections", which a burst of requests reaches in milliseconds (each one sends and
 receives through the layer). A send that meets a connection Redis dropped when it
 restarted is tried once more on a fresh one; if Redis is really away it raises, and its caller
-answers 503 (the bridge).
+answers 503 (routing/layer.py).
 
 **A closed socket leaves nothing behind** (issue 45.6). A consumer reads its channel one message
 at a time; when its socket closes, what was still waiting for it stays in the layer. Channels'

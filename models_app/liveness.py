@@ -8,7 +8,7 @@ that the router is gone or was replaced by a new boot: requests waiting for an a
 old one are answered 503 at once instead of waiting forever, and new requests fail fast.
 
 Embedded mode has no heartbeat: the router lives in the same process (``RouterWatch`` is not
-used there). Without Redis the watch reports ``unknown`` and the bridge falls back to its
+used there). Without Redis the watch reports ``unknown`` and the transports fall back to their
 per-message deadlines.
 """
 

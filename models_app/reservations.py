@@ -27,8 +27,9 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from models_app.bridge import RouterClient, RouterRejected
 from models_app.models import AuditEvent, AuditKind, Reservation
+from models_app.routing.client import RouterClient
+from routerpanel.router.errors import RouterError
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def tick(now: datetime | None = None, client: RouterClient | None = None) -> dic
     client = client or RouterClient()
     try:
         answer = async_to_sync(client.set_reservations)(reserved, actor=TICK_ACTOR)
-    except RouterRejected as exc:
+    except RouterError as exc:
         log.warning("reservations not handed to the router: %s", exc)
         return {"reserved": reserved, "router": str(exc), "started": [], "ended": []}
     started = [row for row in rows if row.started_audited_at is None and _mark_started(row, now)]

@@ -27,7 +27,7 @@ router's user.
 and read with ``orjson`` (a message each way per acquire and one per release, on both ends: the
 standard library's ``json`` made a team-mode request 35–48 µs slower in a paired run). The router
 speaks first: ``{"type": "link.hello", "boot", "protocol"}``. Then the web side sends the
-bridge's messages (messages.py) without a reply channel — ``router.acquire`` (with
+router protocol's messages (routing/messages.py) without a reply channel — ``router.acquire`` (with
 ``request_id``, ``sent``, ``expires``, ``boot``), ``router.renew``, ``router.release``,
 ``router.cancel`` — and the router answers an acquire with the same ``router.queued`` /
 ``router.granted`` / ``router.rejected`` payloads as on the channel layer, each naming its
@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from collections import Counter
 
     from models_app.liveness import RouterWatch
-    from models_app.messages import AcquireAnswer, AcquireMessage, RenewMessage
+    from models_app.routing.messages import AcquireAnswer, AcquireMessage, RenewMessage
     from routerpanel.router.engine import Engine
     from routerpanel.router.errors import Lease
 

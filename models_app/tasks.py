@@ -29,9 +29,10 @@ from django.db.models.signals import post_save
 from django.dispatch import receiver
 
 from models_app import audit, metrics, nodes, reservations, usage
-from models_app.bridge import RouterClient, RouterRejected
 from models_app.models import Preset, RouterSettings
+from models_app.routing.client import RouterClient
 from routerpanel.router import gguf, options
+from routerpanel.router.errors import RouterError
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ def roll_up_memory(client: RouterClient | None = None) -> int:
     for target, node in targets:
         try:
             answer = async_to_sync(target.memory)()
-        except RouterRejected as exc:
+        except RouterError as exc:
             log.warning("memory rollup skipped%s: %s", f" for node {node}" if node else "", exc)
             continue
         written += metrics.roll_up(answer.get("memory") or [], node=node)
@@ -231,8 +232,8 @@ def preload(name: str, client: RouterClient | None = None) -> dict[str, Any]:
     client = client or RouterClient()
     try:
         return dict(async_to_sync(client.load)(name, actor=PRELOAD_ACTOR))
-    except RouterRejected as exc:
-        if "already running" in exc.error.get("message", ""):
+    except RouterError as exc:
+        if "already running" in exc.message:
             return {"success": True, "already_running": True}
         raise
 

@@ -1,7 +1,8 @@
 """The names of several hosts' routers (issue 18), in one leaf: a node name's rule, the channel a
 node's router listens on, and the Redis keys of its heartbeat, its lock and the set of nodes.
 Everything that speaks of nodes (nodes.py: the directory; liveness.py: the beat; locks.py;
-bridge.py: where a call goes) takes them from here, and this imports none of them.
+routing/: where a call goes) takes them from here, and this imports none of them. The events
+group is named here too: the router publishes to it, dashboards and event streams listen.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from django.conf import settings
 from routerpanel.router.config import node_names_problem
 
 UNNAMED_CHANNEL = "router"
+EVENTS_GROUP = "router.events"
 
 
 def check_name(node: str) -> str:

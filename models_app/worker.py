@@ -27,10 +27,12 @@ from channels.consumer import AsyncConsumer
 from channels.layers import BaseChannelLayer
 from django.conf import settings
 
-from models_app import bridge, disk, liveness, nodes, specs, topology
+from models_app import disk, liveness, nodes, specs, topology
 from models_app.audit_writer import AuditWriter, new_router_id
 from models_app.config_watch import ConfigWatch, read_version
-from models_app.messages import (
+from models_app.metrics import Family, RouterMetrics
+from models_app.routing import transport, wire
+from models_app.routing.messages import (
     CALL_TYPES,
     GIVING_BACK,
     AcquireAnswer,
@@ -62,10 +64,9 @@ from models_app.messages import (
     UnloadCall,
     WaitingMessage,
 )
-from models_app.metrics import Family, RouterMetrics
 from routerpanel.router.catalogue import Event
 from routerpanel.router.engine import Engine
-from routerpanel.router.errors import Lease, RouterError
+from routerpanel.router.errors import Lease, RouterError, unavailable
 from routerpanel.router.feed import EngineEvent, Subscription
 from routerpanel.router.states import RUNNING
 
@@ -87,7 +88,7 @@ def current_host() -> RouterHost | None:
 
 
 class RouterHost:
-    """Run one engine and answer the bridge protocol for it."""
+    """Run one engine and answer the router protocol for it (docs/architecture.md)."""
 
     def __init__(
         self,
@@ -178,7 +179,7 @@ class RouterHost:
                 self.add_listener(self._poke_beat)
         self.spawn(self.config_watch.run())
         _host = self
-        bridge.register_local(self)
+        transport.install(self)
 
     async def reload_from_database(self, actor: str) -> None:
         """Take the presets and settings as the database has them now (config_watch.py): new
@@ -249,7 +250,7 @@ class RouterHost:
         if registered:
             # Only now: while the engine shuts down, the proxy still asks it directly why a
             # stream broke off (the shutdown revoked its lease); it refuses new work itself.
-            bridge.register_local(None)
+            transport.install(None)
         if self.link is not None:
             await self.link.stop()  # after the engine's last answers went out on it
         if self._readers:
@@ -292,7 +293,7 @@ class RouterHost:
                     payload["node"] = self.overrides.node
                 payloads.append(payload)
             try:
-                await self.layer.group_send(bridge.EVENTS_GROUP, bridge.events_message(payloads))
+                await self.layer.group_send(topology.EVENTS_GROUP, wire.events_message(payloads))
             except Exception:  # a slow or absent subscriber must never stop the router
                 log.debug("events %s-%s not delivered", first.seq, batch[-1].seq, exc_info=True)
 
@@ -424,8 +425,7 @@ class RouterHost:
         error = self._engine.why_ended(call["lease_id"])
         if error is None:
             return {"error": None}
-        body = bridge.error_body(error.status, error.message, error.error_type)
-        return {"error": body, "retry_after": error.retry_after}
+        return {"error": error.error, "retry_after": error.retry_after}
 
     # ---- message handlers (channel layer), one per type -------------------------------------
 
@@ -456,7 +456,7 @@ class RouterHost:
                 done, _ = await asyncio.wait({future}, timeout=QUEUED_AFTER)
                 if not done:
                     position = self._queue_position(message["model"])
-                    await answer_with(bridge.queued(request_id, position, self.boot))
+                    await answer_with(wire.queued(request_id, position, self.boot))
                     await asyncio.wait({future})
         except asyncio.CancelledError:
             future.cancel()
@@ -498,16 +498,12 @@ class RouterHost:
             elif not isinstance(exc, RouterError):
                 log.error("acquire %s failed", request_id, exc_info=exc)
                 exc = RouterError(500, "server_error", f"router error: {exc}")
-            error = bridge.error_body(exc.status, exc.message, exc.error_type)
-            return bridge.rejected(request_id, exc.status, error, exc.retry_after, self.boot)
+            return wire.rejected(request_id, exc, self.boot)
         lease = future.result()
         if on_grant is not None:
             on_grant(lease.lease_id, request_id)
         ttl = self._engine.config.lease_ttl  # not snapshot(): that builds every model's view
-        return bridge.granted(
-            request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot, lease.receipt,
-            host=lease.host, key=lease.key,
-        )  # fmt: skip
+        return wire.granted(request_id, lease, ttl, self.boot)
 
     def _queue_position(self, model: str) -> int:
         return self._engine.queue_position(model)
@@ -520,17 +516,13 @@ class RouterHost:
         answer: AcquireAnswer
         if request_id in self._acquires:
             position = self._queue_position(message["model"])
-            answer = bridge.queued(request_id, position, self.boot)
+            answer = wire.queued(request_id, position, self.boot)
         elif lease is not None:
             ttl = self._engine.config.lease_ttl
-            answer = bridge.granted(
-                request_id, lease.lease_id, lease.model, lease.port, ttl, self.boot, lease.receipt,
-                host=lease.host, key=lease.key,
-            )  # fmt: skip
+            answer = wire.granted(request_id, lease, ttl, self.boot)
         else:
             text = "the router does not know this request (it restarted, or the request was lost)"
-            error = bridge.error_body(503, text, "unavailable_error")
-            answer = bridge.rejected(request_id, 503, error, 5, self.boot)
+            answer = wire.rejected(request_id, unavailable(text, wire.RETRY_AFTER), self.boot)
         self.spawn(self.layer.send(reply, answer))
 
     def router_renew(self, message: RenewMessage) -> None:
@@ -555,15 +547,14 @@ class RouterHost:
             work = asyncio.ensure_future(self.call(message))
             done, _ = await asyncio.wait({work}, timeout=QUEUED_AFTER)
             if not done:
-                await self.layer.send(reply, bridge.accepted(request_id, self.boot))
+                await self.layer.send(reply, wire.accepted(request_id, self.boot))
             try:
-                out = bridge.result(request_id, await work, boot=self.boot)
+                out = wire.result(request_id, await work, boot=self.boot)
             except RouterError as exc:
-                out = bridge.result(request_id, exc.body(), exc.status, self.boot)
+                out = wire.failed(request_id, exc, self.boot)
             except Exception as exc:  # a bad preset on reload: 500 with the text (rule 2.25)
                 log.exception("router %s failed", message["type"])
-                error = bridge.error_body(500, str(exc), "server_error")
-                out = bridge.result(request_id, {"error": dict(error)}, 500, self.boot)
+                out = wire.failed(request_id, RouterError(500, "server_error", str(exc)), self.boot)
             await self.layer.send(reply, out)
 
         self.spawn(answer())
@@ -575,7 +566,7 @@ class RouterHost:
     # ---- messages whose sender gave up ------------------------------------------------------
 
     def stale(self, message: Mapping[str, Any]) -> bool:
-        """Whether the message's sender has given up on it, so it must not run (bridge.py).
+        """Whether the message's sender has given up on it, so it must not run.
 
         Expired; addressed to another boot; sent before this router started; or arriving while
         this router's heartbeat has lapsed (it was frozen, or Redis was away), when every web
@@ -584,7 +575,7 @@ class RouterHost:
         """
         if message.get("type") in GIVING_BACK:
             return False
-        if bridge.expired(message):
+        if wire.expired(message):
             return True
         boot, sent = message.get("boot"), message.get("sent")
         if boot and boot != self.boot:
@@ -640,16 +631,16 @@ class RouterConsumer(AsyncConsumer):  # type: ignore[misc]  # Channels has no ty
         if not reply:
             return
         text = "router unavailable" if host is None else f"unknown message {message['type']}"
-        error = bridge.error_body(503, text, "unavailable_error")
+        error = unavailable(text, wire.RETRY_AFTER)
         out: RejectedMessage | ResultMessage
         if message["type"] == "router.acquire":
-            out = bridge.rejected(message["request_id"], 503, error, 5)
+            out = wire.rejected(message["request_id"], error)
         else:
-            out = bridge.result(message.get("request_id", ""), {"error": dict(error)}, 503)
+            out = wire.failed(message.get("request_id", ""), error)
         await self.channel_layer.send(reply, out)
 
 
-async def run_worker(layer: BaseChannelLayer, channel: str = bridge.ROUTER_CHANNEL) -> None:
+async def run_worker(layer: BaseChannelLayer, channel: str = topology.UNNAMED_CHANNEL) -> None:
     """Consume ``channel`` (``router``, or a node's ``router.NODE``) until cancelled (DESIGN §2).
 
     A channel-layer error (Redis restarted, a dropped connection) must not end the router and

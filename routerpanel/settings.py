@@ -142,7 +142,8 @@ ROUTERPANEL_ADVERTISE = envstr("ROUTERPANEL_ADVERTISE", "127.0.0.1")
 ROUTERPANEL_CHILD_KEYS = envstr("ROUTERPANEL_CHILD_KEYS", "auto")
 # A burst must overflow neither a router's channel ("router", or "router.<node>" with several
 # hosts) nor a web process's reply channels (all of one process's replies share one Redis key):
-# a lost reply is seconds of waiting (bridge.QUEUED_RECHECK). Messages carry their deadlines.
+# a lost reply is seconds of waiting (routing/layer.py, QUEUED_RECHECK). Messages carry their
+# deadlines.
 # Channels reads each key as a glob matched whole: "router" alone left "router.studio-1" at the
 # default capacity (1,000).
 CHANNEL_CAPACITY = {"router": 100_000, "router.*": 100_000, "specific.*": 100_000}

@@ -17,6 +17,7 @@ path                           methods         handler
 /props                         GET             routes.props (``?model=`` → GET proxy)
 /props                         POST            proxy.proxy_post
 /models, /v1/models            GET             routes.list_models (``?reload=``)
+/v1/models/<id>                GET             routes.retrieve_model (OpenAI's 404 shape)
 /models                        POST, DELETE    routes.downloads_unsupported (501) *
 /models/load, /models/unload   POST            routes.load, routes.unload *
 /models/cancel                 POST            routes.cancel_queued (ours: queued → 499) *
@@ -60,10 +61,11 @@ from typing import Any
 from models_app import security, usage
 from models_app.api import auth, proxy, routes, scopes, sse, usage_route
 from models_app.api.config import ApiConfig
-from models_app.api.errors import NOT_FOUND, UNAUTHORIZED, ApiError, error_body
+from models_app.api.errors import NOT_FOUND, UNAUTHORIZED, ApiError, encoded_error
 from models_app.api.request import JSON_TYPE, ClientGone, Message, Receive, Request, Scope, Send
 from models_app.api.upstream import Upstreams
-from models_app.bridge import RouterClient, RouterRejected
+from models_app.routing.client import RouterClient
+from routerpanel.router.errors import RouterError
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +118,11 @@ def route_table() -> dict[str, dict[str, Route]]:
 # Proxied POSTs that change a child rather than ask it something: its props, its LoRA scales,
 # a slot saved, restored or erased.
 STATE_POST_PATHS = ("/props", "/lora-adapters")
-PREFIX_ROUTES = tuple(
-    (prefix, {"POST": Route(proxy.proxy_post, changes_state=True)})
-    for prefix in proxy.POST_PREFIXES
-)
+PREFIX_ROUTES = (
+    *((prefix, {"POST": Route(proxy.proxy_post, changes_state=True)})
+      for prefix in proxy.POST_PREFIXES),
+    ("/v1/models/", {"GET": Route(routes.retrieve_model)}),  # OpenAI's models.retrieve(id)
+)  # fmt: skip
 API_PATHS = frozenset(route_table())
 
 
@@ -188,7 +191,7 @@ class Api:
         route = methods.get(asked.strip().upper())
         if route is not None and route.changes_state and self._foreign(request) is not None:
             request.cors = False
-            await request.respond(403, error_body(403, "this origin may not change state"))
+            await request.respond(403, encoded_error(403, "this origin may not change state"))
             return
         await request.respond(200, b"", b"text/html", PREFLIGHT_HEADERS)
 
@@ -216,7 +219,7 @@ class Api:
             await request.respond(401, UNAUTHORIZED)
         except ApiError as exc:
             await self._fail(request, exc.status, exc.body, exc.headers)
-        except RouterRejected as exc:
+        except RouterError as exc:
             error = ApiError.from_rejection(exc)
             await self._fail(request, error.status, error.body, error.headers)
         except ClientGone:
@@ -229,7 +232,7 @@ class Api:
                 current.uncancel()  # we cancelled ourselves because the client left
         except Exception as exc:  # §9.4: anything else is a 500 with the exception's text
             log.exception("%s %s failed", request.method, request.path)
-            await self._fail(request, 500, error_body(500, str(exc) or type(exc).__name__))
+            await self._fail(request, 500, encoded_error(500, str(exc) or type(exc).__name__))
         finally:
             request.stop_watching()
 

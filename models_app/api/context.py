@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from models_app.api.config import ApiConfig
     from models_app.api.request import Request
     from models_app.api.upstream import Upstreams
-    from models_app.bridge import RouterClient
+    from models_app.routing.client import RouterClient
 
 
 class ApiContext(Protocol):

@@ -1,7 +1,8 @@
 """Error bodies in llama.cpp's shapes and the exception that carries one (ROUTER_SPEC Appendix A).
 
-Handlers raise ``ApiError``; the dispatcher turns it into the response. Bodies are built as bytes
-here, in the key orders llama.cpp emits: ``code, message, type`` for handler errors, and
+Handlers raise ``ApiError``; the dispatcher turns it into the response (and a ``RouterError``,
+the router's refusal, through ``ApiError.from_rejection``). Bodies are built as bytes here, in
+the key orders llama.cpp emits: ``code, message, type`` for handler errors, and
 ``message, type, code`` for the three bodies its HTTP middleware writes (401, the 404 of an
 unknown route, the 503 of a loading child). Every 404, whoever produced it, is answered with the
 generic ``File Not Found`` body (§9.3a, §15.29 keep): ``NOT_FOUND`` is the only 404 body we send.
@@ -14,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from models_app.bridge import RouterRejected
+from routerpanel.router.errors import RouterError, error_body
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -45,10 +46,10 @@ def dumps(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":")).encode()
 
 
-def error_body(status: int, message: str, error_type: str | None = None) -> bytes:
-    """A handler error: ``{"error": {"code", "message", "type"}}``."""
+def encoded_error(status: int, message: str, error_type: str | None = None) -> bytes:
+    """A handler error, encoded: ``{"error": {"code", "message", "type"}}``."""
     kind = error_type or ERROR_TYPES.get(status, "server_error")
-    return dumps({"error": {"code": status, "message": message, "type": kind}})
+    return dumps({"error": error_body(status, message, kind)})
 
 
 def middleware_body(status: int, message: str) -> bytes:
@@ -78,21 +79,14 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.status = status
-        self.body = body if body is not None else error_body(status, message, error_type)
+        self.body = body if body is not None else encoded_error(status, message, error_type)
         self.headers = headers
 
     @classmethod
-    def from_rejection(cls, rejected: RouterRejected) -> ApiError:
-        """The router said no: its status and error, keys in llama.cpp's order, extras after."""
-        error: dict[str, Any] = dict(rejected.error)
-        ordered: dict[str, Any] = {
-            "code": error.pop("code", rejected.status),
-            "message": error.pop("message", str(rejected)),
-            "type": error.pop("type", ERROR_TYPES.get(rejected.status, "server_error")),
-            **error,
-        }
+    def from_rejection(cls, rejected: RouterError) -> ApiError:
+        """The router said no: its status and error, in llama.cpp's key order."""
         headers: tuple[tuple[bytes, bytes], ...] = ()
         if rejected.retry_after is not None:  # A8: queue limits answer 503 with Retry-After
             headers = ((b"retry-after", str(max(1, round(rejected.retry_after))).encode()),)
-        message = str(ordered["message"])
-        return cls(rejected.status, message, body=dumps({"error": ordered}), headers=headers)
+        body = dumps(rejected.body())
+        return cls(rejected.status, rejected.message, body=body, headers=headers)

@@ -1,7 +1,7 @@
 """Hold a router lease while a response streams: report progress, renew, release at the end.
 
 An in-process lease (embedded mode) never expires and needs no renewal; each chunk that goes out
-is reported straight to the engine's hang watchdog (``RouterClient.progress_of``). A lease from a
+is reported straight to the engine's hang watchdog (``Grant.progress``). A lease from a
 router in another process (team mode) expires if not renewed (DESIGN §5), so a web process that
 dies cannot pin a model forever: a timer renews it every ttl/3 and each renewal says how long
 ago the last byte went out, which is all the watchdog there needs. Renewal is a timer, not a
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from models_app.bridge import Grant, RouterClient
+from models_app.routing.wire import Grant
 
 MIN_INTERVAL = 0.05
 
@@ -21,8 +21,7 @@ MIN_INTERVAL = 0.05
 class LeaseKeeper:
     """Keep ``grant``'s lease until ``release()``; one per proxied request."""
 
-    def __init__(self, router: RouterClient, grant: Grant) -> None:
-        self._router = router
+    def __init__(self, grant: Grant) -> None:
         self.grant = grant
         self.lease_id = grant.lease_id
         self._loop = asyncio.get_running_loop()
@@ -33,7 +32,7 @@ class LeaseKeeper:
         self._timer: asyncio.TimerHandle | None = None
         self._open = True
         # Called per chunk: a byte of the answer went out, the child is not hung.
-        report = router.progress_of(grant)
+        report = grant.progress()
         self.progress: Callable[[], None] = self._sent if report is None else report
         if not grant.local:
             self._timer = self._loop.call_later(self.interval, self._renew)
@@ -45,7 +44,7 @@ class LeaseKeeper:
     def _renew(self) -> None:
         self.renewals += 1
         idle = self._loop.time() - self.last_byte
-        task = asyncio.ensure_future(self._router.renew(self.grant, idle))
+        task = asyncio.ensure_future(self.grant.renew(idle))
         self._renewing.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._renewing.discard)
         self._timer = self._loop.call_later(self.interval, self._renew)
@@ -58,4 +57,4 @@ class LeaseKeeper:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        await self._router.release(self.grant)
+        await self.grant.release()

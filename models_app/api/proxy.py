@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING
 
 from models_app import runtime, usage
 from models_app.api import jsonbody, waiting
-from models_app.api.errors import NOT_FOUND, ApiError, dumps, error_body
+from models_app.api.errors import NOT_FOUND, ApiError, dumps, encoded_error
 from models_app.api.lease import LeaseKeeper
 from models_app.api.pump import Pump
 from models_app.api.request import Request
 from models_app.api.sse import data_event
 from models_app.api.upstream import Answer, UpstreamError
-from models_app.bridge import Grant, RouterRejected
-from routerpanel.router.errors import unavailable
+from models_app.routing.wire import Grant
+from routerpanel.router.errors import RouterError, unavailable
 from routerpanel.router.receipts import Receipt
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ async def forward(
             grant = await waiting.Comments(api, request, model).acquire(acquiring)
         else:
             grant = await acquiring
-        lease = LeaseKeeper(api.router, grant)
+        lease = LeaseKeeper(grant)
         meter = Meter(grant.receipt)
         started = time.monotonic()
         try:
@@ -321,17 +321,17 @@ async def stream_back(
         why = await why_ended(api, grant)
         last = b""
         if why is not None and is_event_stream(response):
-            last = data_event(dumps(why.body))  # SSE clients read the error
+            last = data_event(dumps(why.body()))  # SSE clients read the error
     await request.end(last)
 
 
-async def why_ended(api: ApiContext, grant: Grant) -> RouterRejected | None:
+async def why_ended(api: ApiContext, grant: Grant) -> RouterError | None:
     """Why the child's answer broke off, if we know: the router ended it (it killed the child
     as hung, or it is shutting down), or this server is stopping (team mode's web side closes
     its connections to the children once its shutdown grace is over)."""
-    why = await api.router.why_ended(grant)
+    why = await grant.why_ended()
     if why is None and api.stopping:
-        why = RouterRejected.from_error(unavailable("server is shutting down"))
+        why = unavailable("server is shutting down")
     return why
 
 
@@ -349,7 +349,7 @@ def in_stream(status: int, body: bytes) -> bytes:
         return data_event(dumps(value) if value is not None else b" ".join(body.splitlines()))
     if isinstance(value, dict) and isinstance(value.get("error"), dict):
         return data_event(dumps(value))
-    return data_event(error_body(status, body.decode("utf-8", "replace")))
+    return data_event(encoded_error(status, body.decode("utf-8", "replace")))
 
 
 def is_event_stream(response: Answer) -> bool:

@@ -1,6 +1,6 @@
 """The routes the router answers itself (ROUTER_SPEC §9.B, Appendix A).
 
-Every answer about models comes from the router worker over the bridge (``call``), so this web
+Every answer about models comes from the router (``RouterClient.call``), so this web
 process may be one of several (team mode). Status codes follow llama.cpp, quirks included:
 an unknown model is 404 on ``/models/load`` (answered with the generic body, §9.3a) but 400 on
 ``/models/unload`` (§15.2 keep), and ``?reload=`` with any non-empty value reloads (§15.1 keep).
@@ -19,8 +19,8 @@ from models_app import metrics as router_metrics
 from models_app.api import jsonbody, listing, proxy
 from models_app.api.errors import FEATURE_DISABLED, ApiError, dumps
 from models_app.api.request import Request
-from models_app.bridge import RouterRejected
 from routerpanel.router.config import DEFAULT_STOP_TIMEOUT
+from routerpanel.router.errors import RouterError
 
 if TYPE_CHECKING:
     from models_app.api.context import ApiContext
@@ -43,8 +43,8 @@ async def ready(api: ApiContext, request: Request) -> None:
     """
     try:
         body = await api.ready_client.ready()
-    except RouterRejected as exc:
-        answer = {"status": "unavailable", "error": exc.error.get("message")}
+    except RouterError as exc:
+        answer = {"status": "unavailable", "error": exc.message}
         await request.respond(503, dumps(answer), headers=((b"retry-after", b"5"),))
         return
     problems = body.get("problems") or []
@@ -95,6 +95,26 @@ async def list_models(api: ApiContext, request: Request) -> None:
     snapshot = await _until_stopped(api, removed)
     models = api.gate.visible(request.caller, snapshot.get("models") or ())  # a key's scope
     await request.respond_json(listing.render(models, time.time()))
+
+
+async def retrieve_model(api: ApiContext, request: Request) -> None:
+    """``GET /v1/models/{id}`` (OpenAI's ``models.retrieve``): the entry ``/v1/models`` lists
+    for that id (an id may hold slashes: ``org/model:Q4_K_M``); OpenAI's 404 for an id it does
+    not list, or that the caller's key may not see."""
+    name = request.path.removeprefix("/v1/models/")
+    snapshot = await api.router.snapshot()
+    models = api.gate.visible(request.caller, snapshot.get("models") or ())
+    row = next((m for m in models if m.get("name") == name and not m.get("hidden")), None)
+    if row is None:
+        error = {
+            "message": f"The model '{name}' does not exist",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+        await request.respond(404, dumps({"error": error}), own_404=True)
+        return
+    await request.respond_json(listing.entry(row, int(time.time())))
 
 
 async def _until_stopped(api: ApiContext, removed: set[str]) -> dict[str, Any]:

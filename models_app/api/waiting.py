@@ -42,7 +42,7 @@ from routerpanel.router.receipts import Receipt
 
 if TYPE_CHECKING:
     from models_app.api.context import ApiContext
-    from models_app.bridge import Grant
+    from models_app.routing.wire import Grant
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from models_app import audit
-from models_app.messages import CancelQueuedCall, LoadCall, UnloadCall
 from models_app.models import Preset, RouterSettings
+from models_app.routing.messages import CancelQueuedCall, LoadCall, UnloadCall
 from models_app.views import common
 from models_app.views.common import ACTION_WAIT, Answer
 

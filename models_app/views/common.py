@@ -1,7 +1,7 @@
 """What the panel's views share: asking the router, role context, byte and time formatting.
 
 Views are synchronous (Django runs them in a worker thread under Daphne); they reach the router
-through ``ask_router``, which runs the bridge call on the server's event loop with
+through ``ask_router``, which runs the router call on the server's event loop with
 ``async_to_sync``. A router that does not answer in ``PAGE_TIMEOUT`` seconds is reported as
 unavailable: pages still render from the database, with a banner.
 """
@@ -18,10 +18,11 @@ from asgiref.sync import async_to_sync
 from django.contrib import messages
 from django.http import HttpRequest
 
-from models_app.bridge import RouterClient, RouterRejected
-from models_app.messages import Call
 from models_app.roles import Role, role_of
+from models_app.routing.client import RouterClient
+from models_app.routing.messages import Call
 from routerpanel.router import catalogue, states
+from routerpanel.router.errors import RouterError
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,8 @@ async def call_router(call: Call, wait: float | None = None, node: str | None = 
 async def _answer(call: Coroutine[Any, Any, Mapping[str, Any]]) -> Answer:
     try:
         return Answer(body=dict(await call))
-    except RouterRejected as exc:
-        return Answer(error=exc.error.get("message") or str(exc), status=exc.status)
+    except RouterError as exc:
+        return Answer(error=exc.message or str(exc), status=exc.status)
     except Exception as exc:  # a full or missing channel layer: the router is out of reach
         log.warning("router call failed: %s", exc)
         return Answer(error="router unavailable", status=503)
@@ -140,3 +141,30 @@ def human_seconds(value: float | str | None) -> str:
         return f"{minutes} min {seconds} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min"
+
+
+def error_links(
+    form: Any, *formsets: Any, whole: tuple[str, str] = ("preset-form", "Preset")
+) -> list[dict[str, str]]:
+    """Every error of a posted form as (field id, label, message), for the banner's links
+    (templates/panel/_form_errors.html). ``whole``: the form's id and name, for its errors that
+    belong to no field."""
+    links = []
+    for name, errors in form.errors.items():
+        if name == "__all__":
+            links += [{"href": whole[0], "label": whole[1], "message": e} for e in errors]
+            continue
+        field = form[name]
+        links += [{"href": field.id_for_label, "label": str(field.label), "message": e}
+                  for e in errors]  # fmt: skip
+    for formset in formsets:
+        label = "Option" if formset.prefix == "args" else "Variable"
+        for i, row in enumerate(formset.forms, start=1):
+            for name, errors in row.errors.items():
+                target = row["value" if name == "value" else "key"].id_for_label
+                links += [{"href": target, "label": f"{label} {i}", "message": e} for e in errors]
+        links += [{"href": f"id_{formset.prefix}-0-key", "label": label, "message": e}
+                  for e in formset.non_form_errors()]  # fmt: skip
+    for field, errors in getattr(form, "pair_errors", {}).items():
+        links += [{"href": f"id_{field}-0-key", "label": field, "message": e} for e in errors]
+    return links

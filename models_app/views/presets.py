@@ -20,9 +20,9 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from models_app import audit, audit_labels, edits, presets_io, specs
 from models_app.forms import ImportForm, PresetForm, option_names, pair_formset
-from models_app.messages import ReloadCall
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings, catalogue_for
 from models_app.roles import Role, require
+from models_app.routing.messages import ReloadCall
 from models_app.views import common
 from routerpanel.router import ini
 
@@ -144,32 +144,9 @@ def _edit(
         "live": _live(preset.name) if before is not None else None,
         "option_names": option_names(),
         "estimate": preset.memory_estimate or preset.gguf_estimate,
-        "error_links": error_links(form, args, env) if data is not None else [],
+        "error_links": common.error_links(form, args, env) if data is not None else [],
     }
     return render(request, "panel/presets/edit.html", context)
-
-
-def error_links(form: PresetForm, *formsets: Any) -> list[dict[str, str]]:
-    """Every error of a posted form as (field id, label, message), for the banner's links."""
-    links = []
-    for name, errors in form.errors.items():
-        if name == "__all__":
-            links += [{"href": "preset-form", "label": "Preset", "message": e} for e in errors]
-            continue
-        field = form[name]
-        links += [{"href": field.id_for_label, "label": str(field.label), "message": e}
-                  for e in errors]  # fmt: skip
-    for formset in formsets:
-        label = "Option" if formset.prefix == "args" else "Variable"
-        for i, row in enumerate(formset.forms, start=1):
-            for name, errors in row.errors.items():
-                target = row["value" if name == "value" else "key"].id_for_label
-                links += [{"href": target, "label": f"{label} {i}", "message": e} for e in errors]
-        links += [{"href": f"id_{formset.prefix}-0-key", "label": label, "message": e}
-                  for e in formset.non_form_errors()]  # fmt: skip
-    for field, errors in form.pair_errors.items():
-        links += [{"href": f"id_{field}-0-key", "label": field, "message": e} for e in errors]
-    return links
 
 
 def _save(request: HttpRequest, form: PresetForm, before: dict[str, Any] | None) -> HttpResponse:
@@ -185,7 +162,7 @@ def _save(request: HttpRequest, form: PresetForm, before: dict[str, Any] | None)
     answer = common.ask_router({"type": "router.reload", "actor": actor}, common.ACTION_WAIT)
     verb = "Created" if before is None else "Saved"
     _report_reload(request, f"{verb} {preset.name}.", answer, preset.name)
-    for warning in getattr(preset, "option_warnings", []):
+    for warning in [*form.value_warnings, *getattr(preset, "option_warnings", [])]:
         messages.warning(request, f"{preset.name}: {warning}.")
     return redirect("panel:preset_detail", pk=preset.pk)
 
@@ -267,6 +244,7 @@ def preset_import(request: HttpRequest) -> HttpResponse:
             report = _import(request, text, replace=replace, apply=apply)
         except ini.IniError as exc:
             context["errors"] = getattr(exc, "errors", [exc])
+            context["warnings"] = [str(w) for w in exc.warnings]  # shown beside the errors
             context["lines"] = _numbered(text, {e.line for e in context["errors"]})
             return render(request, "panel/presets/import.html", context)
         if apply:

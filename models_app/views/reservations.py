@@ -20,10 +20,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from models_app import audit, bridge, reservations
+from models_app import audit, reservations
 from models_app.forms import ReservationForm
 from models_app.models import Preset, Reservation
 from models_app.roles import Role, require, role_of
+from models_app.routing import transport
+from models_app.views import common
 
 
 @require_GET
@@ -82,7 +84,7 @@ def reservation_delete(request: HttpRequest, pk: int) -> HttpResponse:
 def _tick_on_commit() -> None:
     """Run the schedule once the change commits, when a router is in reach: in process
     (embedded ``serve``) or through the worker (team mode). Otherwise the beat does it."""
-    if bridge.local_router() is None and not settings.REDIS_URL:
+    if transport.installed() is None and not settings.REDIS_URL:
         return
     from models_app.tasks import reservations_tick
 
@@ -127,6 +129,9 @@ def _page(
         "zone": timezone.localtime(now).tzname(),
         "form": form,
         "can_book": role_of(request.user) >= Role.ADMIN,
+        "error_links": common.error_links(form, whole=("reservation-form", "Booking"))
+        if form is not None and form.is_bound
+        else [],
     }
     return render(request, "panel/reservations.html", context, status=status)
 

@@ -1,16 +1,32 @@
 """What the router answers callers: a ``Lease`` to proceed, or a ``RouterError`` to refuse.
 
-Both cross from the engine to its callers (the HTTP side) unchanged. A leaf module.
+Both cross from the engine to its callers (the HTTP side) unchanged: in process as they are,
+between processes as the wire's ``router.granted`` and ``router.rejected`` (the web side's
+``models_app.routing.wire`` makes one from the other; ``to_wire``/``from_wire`` here). The one
+error type on every side of the router: the engine raises it, the transports carry it, the API
+answers it. A leaf module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from routerpanel.router.address import LOOPBACK, ChildAddress
 from routerpanel.router.decisions import Reject
 from routerpanel.router.receipts import NO_RECEIPT, Receipt
+
+
+class ErrorBody(TypedDict):
+    """llama.cpp's error object: ``{"error": ErrorBody}`` is every refusal's JSON."""
+
+    code: int
+    message: str
+    type: str
+
+
+def error_body(status: int, message: str, error_type: str) -> ErrorBody:
+    return {"code": status, "message": message, "type": error_type}
 
 
 class RouterError(Exception):
@@ -45,15 +61,32 @@ class RouterError(Exception):
     def from_reject(cls, d: Reject) -> RouterError:
         return cls(d.status, d.error_type, d.message, retry_after=d.retry_after, details=d.details)
 
+    @property
+    def error(self) -> ErrorBody:
+        return error_body(self.status, self.message, self.error_type)
+
     def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.status, "message": self.message, "type": self.error_type}}
+        return {"error": self.error}
+
+    def to_wire(self) -> tuple[int, ErrorBody, float | None]:
+        """Status, error object and Retry-After seconds: what a ``router.rejected`` carries."""
+        return self.status, self.error, self.retry_after
+
+    @classmethod
+    def from_wire(cls, status: int, error: Any, retry_after: float | None = None) -> RouterError:
+        """The error a ``router.rejected`` (or a failed call's body) carries; fields missing
+        from a malformed answer take the status's defaults."""
+        error = error if isinstance(error, dict) else {}
+        status = int(error.get("code") or status or 503)
+        message = str(error.get("message") or "router error")
+        return cls(status, str(error.get("type") or "server_error"), message, retry_after)
 
     def __repr__(self) -> str:
         return f"RouterError({self.status}, {self.error_type!r}, {self.message!r})"
 
 
-def unavailable(message: str) -> RouterError:
-    return RouterError(503, "unavailable_error", message)
+def unavailable(message: str, retry_after: float | None = None) -> RouterError:
+    return RouterError(503, "unavailable_error", message, retry_after)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from channels.layers import InMemoryChannelLayer
 
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore, KeyTable
-from models_app.bridge import RouterClient
+from models_app.routing.client import RouterClient
 from tests.support.asgi import ROUTER_TIMEOUT, AsgiClient, django_stand_in
 from tests.support.fake_router import FakeRouter
 from tests.support.serving import llama_server_stand_in

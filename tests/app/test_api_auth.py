@@ -13,8 +13,8 @@ from django.contrib.auth import get_user_model
 
 from models_app.api import Api, ApiConfig, auth
 from models_app.api.auth import Caller, KeyStore, KeyTable, digest
-from models_app.bridge import RouterClient
 from models_app.models import ApiKey, RouterSettings
+from models_app.routing.client import RouterClient
 from tests.support.asgi import AsgiClient, django_stand_in
 from tests.support.fake_router import FakeRouter, Grant
 

@@ -37,7 +37,7 @@ from channels.layers import InMemoryChannelLayer
 from django.core.asgi import get_asgi_application
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore, KeyTable
-from models_app.bridge import RouterClient
+from models_app.routing.client import RouterClient
 from tests.support.fake_router import FakeRouter, Grant, QueueThenGrant
 
 layer = InMemoryChannelLayer()

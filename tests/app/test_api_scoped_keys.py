@@ -12,8 +12,8 @@ from channels.layers import InMemoryChannelLayer
 
 from models_app.api import Api, ApiConfig, scopes
 from models_app.api.auth import Caller, KeyStore, KeyTable, digest
-from models_app.bridge import RouterClient
 from models_app.models import AuditEvent, AuditKind
+from models_app.routing.client import RouterClient
 from routerpanel.router.catalogue import Event
 from tests.support.asgi import AsgiClient, django_stand_in
 from tests.support.fake_router import FakeRouter, Grant, QueueThenGrant, Reject

@@ -24,8 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore
-from models_app.bridge import ROUTER_CHANNEL, RouterClient
 from models_app.models import ApiKey, AuditEvent, AuditKind
+from models_app.routing.client import RouterClient
+from models_app.topology import UNNAMED_CHANNEL
 from models_app.worker import RouterConsumer, RouterHost
 from tests.support.asgi import AsgiClient, django_stand_in
 from tests.support.upstreams import save_two_sim_presets
@@ -47,8 +48,8 @@ async def stack(tmp_path: Path) -> AsyncIterator[tuple[RouterHost, AsgiClient, s
     layer = InMemoryChannelLayer()
     host = RouterHost(layer, state_file=tmp_path / "children.json")
     await host.start()
-    app = ChannelNameRouter({ROUTER_CHANNEL: RouterConsumer.as_asgi()})
-    worker = asyncio.ensure_future(Worker(app, [ROUTER_CHANNEL], layer).arun())
+    app = ChannelNameRouter({UNNAMED_CHANNEL: RouterConsumer.as_asgi()})
+    worker = asyncio.ensure_future(Worker(app, [UNNAMED_CHANNEL], layer).arun())
     api = Api(
         django_stand_in,
         router=RouterClient(layer, timeout=10.0),

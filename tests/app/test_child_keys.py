@@ -28,9 +28,10 @@ from channels.worker import Worker
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore
 from models_app.audit_writer import AuditWriter
-from models_app.bridge import ROUTER_CHANNEL, RouterClient
 from models_app.models import AuditEvent
+from models_app.routing.client import RouterClient
 from models_app.specs import Overrides
+from models_app.topology import UNNAMED_CHANNEL
 from models_app.worker import RouterConsumer, RouterHost
 from routerpanel.router.engine import EngineEvent
 from tests.support.asgi import AsgiClient, django_stand_in
@@ -75,8 +76,8 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     host.add_listener(events.append)
     host.add_listener(writer)
     await host.start()
-    app = ChannelNameRouter({ROUTER_CHANNEL: RouterConsumer.as_asgi()})
-    worker = asyncio.ensure_future(Worker(app, [ROUTER_CHANNEL], layer).arun())
+    app = ChannelNameRouter({UNNAMED_CHANNEL: RouterConsumer.as_asgi()})
+    worker = asyncio.ensure_future(Worker(app, [UNNAMED_CHANNEL], layer).arun())
     api = Api(
         django_stand_in,
         router=RouterClient(layer, timeout=10.0),

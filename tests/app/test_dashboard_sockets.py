@@ -11,9 +11,10 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
-from models_app import bridge, dashboard_sockets, layers
+from models_app import dashboard_sockets, layers, topology
 from models_app.consumers import DashboardConsumer
 from models_app.roles import Role
+from models_app.routing import wire
 from routerpanel.router.catalogue import Event
 from tests.support.dashboard_socket import TIMEOUT, connect, receive
 from tests.support.panel import RouterStub, make_user
@@ -90,13 +91,13 @@ async def test_a_closed_socket_leaves_no_queue_and_no_membership(
     await receive(socket, "snapshot")
     event = {"seq": 8, "type": Event.MODEL_LOG, "time": 1.0, "data": {}}
     for _ in range(5):  # the socket does not read these: they wait in its queue
-        await layer.group_send(bridge.EVENTS_GROUP, bridge.event(event))
+        await layer.group_send(topology.EVENTS_GROUP, wire.event(event))
     (mine,) = set(layer.channels) - others
     assert layer.channels[mine].qsize() >= 1
-    assert mine in layer.groups[bridge.EVENTS_GROUP]
+    assert mine in layer.groups[topology.EVENTS_GROUP]
     await socket.disconnect()
     await polled(lambda: mine in layer.channels, lambda kept: not kept, what="dropped")
-    assert mine not in layer.groups.get(bridge.EVENTS_GROUP, ())
+    assert mine not in layer.groups.get(topology.EVENTS_GROUP, ())
 
 
 async def test_a_group_message_goes_only_to_members_of_that_moment() -> None:

@@ -15,8 +15,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
-from models_app import bridge, worker
+from models_app import topology, worker
 from models_app.roles import Role
+from models_app.routing import wire
+from models_app.routing.client import RouterClient
 from models_app.worker import RouterHost
 from routerpanel.router.catalogue import Event
 from routerpanel.router.feed import EngineEvent, Subscription
@@ -40,7 +42,7 @@ class RecordingLayer:
         self.fail_first = fail_first
 
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
-        assert group == bridge.EVENTS_GROUP
+        assert group == topology.EVENTS_GROUP
         if not self.sent:
             await self.gate.wait()
         self.sent.append(message)
@@ -49,7 +51,7 @@ class RecordingLayer:
 
 
 def seqs(message: dict[str, Any]) -> list[int]:
-    return [payload["seq"] for payload in bridge.unpack_events(message)]
+    return [payload["seq"] for payload in wire.unpack_events(message)]
 
 
 class TestTake:
@@ -105,7 +107,7 @@ class TestPublish:
         sub.close()
         await asyncio.wait_for(task, 5)
         assert [seqs(m) for m in layer.sent] == [[1], [2, 3]]
-        assert {p["node"] for p in bridge.unpack_events(layer.sent[1])} == {"studio-1"}
+        assert {p["node"] for p in wire.unpack_events(layer.sent[1])} == {"studio-1"}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -116,15 +118,15 @@ async def test_the_dashboard_gets_each_event_of_a_batch_in_order(panel_router: R
         {"seq": seq, "type": Event.MODEL_LOG.value, "time": 1.0, "data": {"text": f"l{seq}"}}
         for seq in (8, 9, 10)
     ]
-    await get_channel_layer().group_send(bridge.EVENTS_GROUP, bridge.events_message(payloads))
+    await get_channel_layer().group_send(topology.EVENTS_GROUP, wire.events_message(payloads))
     got = [(await receive(socket, "event"))["event"]["seq"] for _ in range(3)]
     assert got == [8, 9, 10]
     await socket.disconnect()
 
 
-async def test_bridge_events_yields_each_event_of_a_batch_in_order(settings: Any) -> None:
+async def test_client_events_yields_each_event_of_a_batch_in_order(settings: Any) -> None:
     """What the SSE stream and the queue comments read in team mode (no router in process)."""
-    client = bridge.RouterClient(get_channel_layer())
+    client = RouterClient(get_channel_layer())
     received: list[int] = []
 
     async def read() -> None:
@@ -141,9 +143,9 @@ async def test_bridge_events_yields_each_event_of_a_batch_in_order(settings: Any
         payloads = [
             {"seq": s, "type": Event.MODEL_LOG.value, "time": 1.0, "data": {}} for s in (1, 2, 3)
         ]
-        await layer.group_send(bridge.EVENTS_GROUP, bridge.events_message(payloads))
+        await layer.group_send(topology.EVENTS_GROUP, wire.events_message(payloads))
         await layer.group_send(
-            bridge.EVENTS_GROUP, bridge.events_message([payloads[0] | {"seq": 4}])
+            topology.EVENTS_GROUP, wire.events_message([payloads[0] | {"seq": 4}])
         )
         await reader
     assert received == [1, 2, 3, 4]
@@ -151,4 +153,4 @@ async def test_bridge_events_yields_each_event_of_a_batch_in_order(settings: Any
 
 async def _group_has_members(layer: Any) -> bool:
     groups = getattr(layer, "groups", {})
-    return bool(groups.get(bridge.EVENTS_GROUP))
+    return bool(groups.get(topology.EVENTS_GROUP))

@@ -1,7 +1,8 @@
 """A lease's progress (models_app.api.lease): where a byte that went out is reported.
 
 An in-process lease reports each chunk straight to the engine's hang watchdog, through a call
-bound to the lease when the request starts (``RouterClient.progress_of``), not looked up per
+bound to the lease when the request starts (``Grant.progress``, from the transport that
+granted it), not looked up per
 chunk; a lease from a router in another process only notes the time, which its next renewal
 carries. The engine here is a recorder: the watchdog itself is tested in
 tests/unit/test_engine_watchdog.py and, end to end, in tests/chaos/test_hung_child.py.
@@ -15,9 +16,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from models_app import bridge
 from models_app.api.lease import LeaseKeeper
-from models_app.bridge import Grant, RouterClient
+from models_app.routing import transport
+from models_app.routing.layer import Layer
+from models_app.routing.wire import Grant
+from routerpanel.router.errors import Lease
 
 
 @dataclass
@@ -42,19 +45,23 @@ class Host:
 @pytest.fixture
 def host() -> Iterator[Host]:
     host = Host(RecordingEngine())
-    bridge.register_local(host)  # type: ignore[arg-type]
+    transport.install(host)  # type: ignore[arg-type]
     try:
         yield host
     finally:
-        bridge.register_local(None)
+        transport.install(None)
 
 
 def grant(lease_id: str, ttl: float) -> Grant:
-    return Grant("req-1", lease_id, "m", 8080, ttl)
+    """A grant as a transport makes it: in process (``ttl`` inf) from the installed host, else
+    from the channel layer's."""
+    local = transport.installed()
+    owner = local if math.isinf(ttl) and local is not None else Layer()
+    return Grant(Lease(lease_id, "req-1", "m", 8080, 0.0), ttl, owner=owner)
 
 
 async def test_an_in_process_lease_reports_each_chunk_to_the_engine(host: Host) -> None:
-    lease = LeaseKeeper(RouterClient(), grant("lease-1", math.inf))
+    lease = LeaseKeeper(grant("lease-1", math.inf))
     for _ in range(3):
         lease.progress()
     assert host.engine is not None
@@ -64,7 +71,7 @@ async def test_an_in_process_lease_reports_each_chunk_to_the_engine(host: Host) 
 
 
 async def test_a_remote_lease_notes_the_time_and_calls_no_engine(host: Host) -> None:
-    lease = LeaseKeeper(RouterClient(), grant("lease-2", 30.0))
+    lease = LeaseKeeper(grant("lease-2", 30.0))
     try:
         started = lease.last_byte
         lease.progress()
@@ -77,7 +84,11 @@ async def test_a_remote_lease_notes_the_time_and_calls_no_engine(host: Host) -> 
 
 
 async def test_without_an_engine_in_process_a_local_grant_reports_nowhere() -> None:
-    bridge.register_local(None)
-    assert RouterClient().progress_of(grant("lease-3", math.inf)) is None
-    lease = LeaseKeeper(RouterClient(), grant("lease-3", math.inf))
+    host = Host(RecordingEngine())
+    transport.install(host)  # type: ignore[arg-type]
+    made = grant("lease-3", math.inf)
+    host.engine = None  # the router stopped after the grant
+    transport.install(None)
+    assert made.progress() is None
+    lease = LeaseKeeper(made)
     lease.progress()  # the router stopped meanwhile: a chunk going out must not fail

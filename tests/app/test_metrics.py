@@ -10,11 +10,11 @@ import pytest
 from channels.layers import InMemoryChannelLayer
 from prometheus_client.parser import text_string_to_metric_families
 
-from models_app import bridge
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore, KeyTable
-from models_app.bridge import RouterClient
 from models_app.metrics import RouterMetrics, render
+from models_app.routing import wire
+from models_app.routing.client import RouterClient
 from routerpanel.router.commands import MemorySampled
 from routerpanel.router.memory import ChildMemory, SystemMemory
 from routerpanel.router.supervisor import ChildExited
@@ -115,7 +115,7 @@ class MetricsRouter(FakeRouter):
 
     async def router_metrics(self, message: dict[str, Any]) -> None:
         body = {"metrics": self.families}
-        await self._reply(message, bridge.result(message["request_id"], body))
+        await self._reply(message, wire.result(message["request_id"], body))
 
 
 @pytest.fixture

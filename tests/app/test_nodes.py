@@ -304,7 +304,8 @@ class TestReservationsOnNodes:
         self, monkeypatch: pytest.MonkeyPatch, settings: Any, redis_prefix: str
     ) -> None:
         """Not to every node that may run it: it would be loaded on both in advance."""
-        from models_app.bridge import RouterClient
+        from models_app.routing.client import RouterClient
+        from models_app.routing.linked import Linked
 
         found = [node("n1", status()), node("n2", status(memory=10)), node("n3", {}, live=False)]
 
@@ -313,12 +314,12 @@ class TestReservationsOnNodes:
 
         sent: dict[str, dict[str, Any]] = {}
 
-        async def call_remote(client: RouterClient, call: dict[str, Any]) -> dict[str, Any]:
-            sent[str(client.node)] = call["reservations"]
+        async def call_remote(linked: Linked, call: dict[str, Any]) -> dict[str, Any]:
+            sent[linked.node] = call["reservations"]
             return {"reserved": sorted(call["reservations"]), "loading": [], "unknown": []}
 
         monkeypatch.setattr(nodes, "known", known)
-        monkeypatch.setattr(RouterClient, "_call_remote", call_remote)
+        monkeypatch.setattr(Linked, "call", call_remote)
         answer = await RouterClient().set_reservations({"a": ["group:ws"]}, actor="tick")
         assert sent == {"n1": {}, "n2": {"a": ["group:ws"]}}  # n2: more memory; n3 is lost
         assert answer == {"reserved": ["a"], "loading": [], "unknown": []}
@@ -326,16 +327,17 @@ class TestReservationsOnNodes:
     async def test_a_queued_request_is_cancelled_on_whichever_node_holds_it(
         self, monkeypatch: pytest.MonkeyPatch, settings: Any, redis_prefix: str
     ) -> None:
-        from models_app.bridge import RouterClient
+        from models_app.routing.client import RouterClient
+        from models_app.routing.linked import Linked
 
         async def live_names() -> list[str]:
             return ["n1", "n2"]
 
-        async def call_remote(client: RouterClient, call: dict[str, Any]) -> dict[str, Any]:
-            mine = ["r-7"] if client.node == "n2" else []
+        async def call_remote(linked: Linked, call: dict[str, Any]) -> dict[str, Any]:
+            mine = ["r-7"] if linked.node == "n2" else []
             return {"success": True, "cancelled": mine}
 
         monkeypatch.setattr(nodes, "live_names", live_names)
-        monkeypatch.setattr(RouterClient, "_call_remote", call_remote)
+        monkeypatch.setattr(Linked, "call", call_remote)
         answer = await RouterClient().cancel_queued(actor="user:ada", queued_request="r-7")
         assert answer == {"success": True, "cancelled": ["r-7"]}

@@ -13,10 +13,11 @@ from django.contrib.auth.models import AnonymousUser
 from django.db import OperationalError
 from django.test import Client
 
-from models_app import bridge
+from models_app import topology
 from models_app.consumers import CLOSE_FORBIDDEN, DashboardConsumer
 from models_app.models import AuditEvent, AuditKind
 from models_app.roles import Role, set_role
+from models_app.routing import wire
 from models_app.views import actions, common
 from routerpanel.router.catalogue import Event
 from tests.support.dashboard_socket import TIMEOUT, connect, receive
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 async def emit(seq: int, kind: str, data: dict[str, Any]) -> None:
     event = {"seq": seq, "type": kind, "time": 1.0, "data": data}
-    await get_channel_layer().group_send(bridge.EVENTS_GROUP, bridge.event(event))
+    await get_channel_layer().group_send(topology.EVENTS_GROUP, wire.event(event))
 
 
 @pytest.fixture

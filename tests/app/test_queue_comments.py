@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 from channels.layers import InMemoryChannelLayer
 
-from models_app import bridge
 from models_app.api import waiting
 from models_app.api.auth import Caller
 from models_app.api.proxy import in_stream
 from models_app.api.request import Request
+from models_app.routing import wire
 from routerpanel.router.catalogue import Event
+from routerpanel.router.errors import RouterError
 from routerpanel.router.receipts import Receipt
 from tests.support.asgi import AsgiClient
 from tests.support.fake_router import FakeRouter, Grant, QueueThenGrant
@@ -114,7 +115,7 @@ class TestLines:
 
 async def layer_reply(router: FakeRouter, message: dict[str, Any], body: dict[str, Any]) -> None:
     await router.layer.send(
-        message["reply_channel"], dict(bridge.result(message["request_id"], body))
+        message["reply_channel"], dict(wire.result(message["request_id"], body))
     )
 
 
@@ -214,14 +215,14 @@ class TestThroughTheChannelLayer:
         await call.wait_body(lambda body: b": loading cold" in body)
         acquire = await router.wait_for("router.acquire")
         text = "request waited longer than max wait (5 s) for model name=cold"
-        error = bridge.error_body(503, text, "unavailable_error")
+        error = RouterError(503, "unavailable_error", text, 5)
         await layer.send(
-            acquire["reply_channel"], dict(bridge.rejected(acquire["request_id"], 503, error, 5))
+            acquire["reply_channel"], dict(wire.rejected(acquire["request_id"], error))
         )
         await call.finish()
         assert call.status == 200  # the head went out while it waited
         assert call.body.endswith(
-            b"\n\ndata: " + json.dumps({"error": error}, separators=(",", ":")).encode() + b"\n\n"
+            b"\n\ndata: " + json.dumps(error.body(), separators=(",", ":")).encode() + b"\n\n"
         )
         assert b"[DONE]" not in call.body
 

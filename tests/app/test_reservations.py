@@ -13,8 +13,9 @@ from django.contrib.auth.models import Group
 from django.utils import timezone
 
 from models_app import reservations, tasks
-from models_app.bridge import RouterRejected, router_unavailable
 from models_app.models import AuditEvent, AuditKind, Preset, Reservation
+from models_app.routing.layer import router_gone
+from routerpanel.router.errors import RouterError
 
 pytest_plugins = ("tests.support.panel",)
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("presets")]
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("presets")]
 class RouterStub:
     """Records each set of reservations handed over; raises ``error`` when set."""
 
-    def __init__(self, error: RouterRejected | None = None) -> None:
+    def __init__(self, error: RouterError | None = None) -> None:
         self.sets: list[dict[str, list[str]]] = []
         self.error = error
 
@@ -290,7 +291,7 @@ class TestTick:
     ) -> None:
         now = timezone.now()
         book("small", now - timedelta(minutes=1), now + timedelta(hours=1), user=viewer)
-        out = reservations.tick(now, RouterStub(router_unavailable()))  # type: ignore[arg-type]
+        out = reservations.tick(now, RouterStub(router_gone()))  # type: ignore[arg-type]
         assert out["started"] == [] and not AuditEvent.objects.exists()
         assert len(reservations.tick(now, RouterStub())["started"]) == 1  # type: ignore[arg-type]
 

@@ -2,7 +2,7 @@
 
 A real ``RouterHost`` with simulated children listens on a Unix socket in the test's directory;
 the tests speak to it as a web process does, raw (to see the order of what arrives) or through
-``RouterClient`` over a ``Connection``.
+the ``Linked`` transport over a ``Connection``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,15 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import InMemoryChannelLayer
 
-from models_app import bridge, routerlink
-from models_app.bridge import RouterClient, RouterRejected
+from models_app import routerlink
 from models_app.routerlink import Address, Connection, LinkServer
+from models_app.routing import wire
+from models_app.routing.layer import FIRST_ANSWER_CAP, Layer
+from models_app.routing.linked import Linked
+from models_app.routing.transport import Ask
 from models_app.worker import RouterHost
 from routerpanel.router.catalogue import Event
+from routerpanel.router.errors import Lease, RouterError
 from routerpanel.router.receipts import Receipt
 from tests.support.upstreams import save_two_sim_presets
 
@@ -143,17 +147,22 @@ def test_lines_frame_messages_and_bad_ones_are_skipped_or_refused(
 
 
 def test_every_answer_and_an_acquire_cross_the_link_unchanged() -> None:
-    """The codec (orjson) gives back what the bridge's builders made, type for type: floats
+    """The codec (orjson) gives back what the wire's builders made, type for type: floats
     stay floats, a tuple of evicted models arrives as a list (as JSON has it), None stays."""
     receipt = Receipt(queued=0.25, load=1.5, evicted=("m2", "m3"), caused_load=True)
-    error = bridge.error_body(503, "router is shutting down", "unavailable_error")
+    shutting = RouterError(503, "unavailable_error", "router is shutting down", 5.0)
+    refused = RouterError(400, "unavailable_error", "router is shutting down")
     sent = time.time()
     messages: list[dict[str, Any]] = [
-        dict(bridge.granted("r1", "abc-1", "m1", 41234, 30.0, "b1", receipt, key="k")),
-        dict(bridge.granted("r2", "abc-2", "m1", 41234, 30.0, "b1")),
-        dict(bridge.queued("r3", 2, "b1")),
-        dict(bridge.rejected("r4", 503, error, 5.0, "b1")),
-        dict(bridge.rejected("r5", 400, error)),
+        dict(
+            wire.granted(
+                "r1", Lease("abc-1", "r1", "m1", 41234, 0.0, receipt=receipt, key="k"), 30.0, "b1"
+            )
+        ),
+        dict(wire.granted("r2", Lease("abc-2", "r2", "m1", 41234, 0.0), 30.0, "b1")),
+        dict(wire.queued("r3", 2, "b1")),
+        dict(wire.rejected("r4", shutting, "b1")),
+        dict(wire.rejected("r5", refused)),
         acquire("r6", "m1") | {"sent": sent, "expires": sent + 30.0, "boot": "b1"},
         {"type": "router.renew", "lease_id": "abc-1", "idle": 0.5},
         {"type": "router.release", "lease_id": "abc-1"},
@@ -340,17 +349,15 @@ async def connect(host: RouterHost) -> Connection:
 
 async def test_a_client_acquires_and_releases_over_the_connection(host: RouterHost) -> None:
     conn = await connect(host)
-    client = RouterClient(InMemoryChannelLayer())
-    grants = await asyncio.gather(
-        *(client._acquire_linked(conn, "m1", "t", True, f"c{i}", "normal") for i in range(10))
-    )
-    assert in_flight(host) == {"m1": 10} and all(g.via is conn for g in grants)
+    client = Linked(Layer(InMemoryChannelLayer()))
+    grants = await asyncio.gather(*(client.over(conn, Ask("m1", f"c{i}", "t")) for i in range(10)))
+    assert in_flight(host) == {"m1": 10} and all(g.owner.conn is conn for g in grants)  # type: ignore[union-attr]
     for grant in grants:
-        await client.renew(grant, 0.0)
-        await client.release(grant)
+        await grant.renew(0.0)
+        await grant.release()
     await until(lambda: in_flight(host) == {}, "released")
-    with pytest.raises(RouterRejected) as refused:
-        await client._acquire_linked(conn, "nope", "t", True, "x", "normal")
+    with pytest.raises(RouterError) as refused:
+        await client.over(conn, Ask("nope", "x", "t"))
     assert refused.value.status in (400, 404)
     conn.close()
 
@@ -370,24 +377,21 @@ async def test_waiters_on_a_connection_that_drops_get_503_at_once(tmp_path: Path
         link = routerlink.Link(Address("unix", str(path)))
         conn = await link.connect(Watch())  # type: ignore[arg-type]
         assert conn is not None
-        client = RouterClient(InMemoryChannelLayer())
-        waits = [
-            asyncio.ensure_future(client._acquire_linked(conn, "m", "t", True, f"w{i}", "normal"))
-            for i in range(5)
-        ]
+        client = Linked(Layer(InMemoryChannelLayer()))
+        waits = [asyncio.ensure_future(client.over(conn, Ask("m", f"w{i}", "t"))) for i in range(5)]
         await until(lambda: len(conn.pending) == 5, "the five acquires to be sent")
         assert not any(w.done() for w in waits)
         accepted[0].transport.abort()  # what the kernel does for a killed router
         # Nothing but the close can answer them: the watch never loses the router, and the
         # first answer's own deadline (FIRST_ANSWER_CAP, 30 s) is longer than this wait.
-        assert DEADLINE / 2 < bridge.FIRST_ANSWER_CAP
+        assert DEADLINE / 2 < FIRST_ANSWER_CAP
         results = await asyncio.wait_for(
             asyncio.gather(*waits, return_exceptions=True), DEADLINE / 2
         )
         for result in results:
-            assert isinstance(result, RouterRejected) and result.status == 503
-            assert result.body["error"]["type"] == "unavailable_error"
-            message = result.body["error"]["message"]
+            assert isinstance(result, RouterError) and result.status == 503
+            assert result.body()["error"]["type"] == "unavailable_error"
+            message = result.body()["error"]["message"]
             assert message.startswith("router unavailable: the connection to the router"), message
         assert not conn.open
         again = await link.connect(Watch())  # type: ignore[arg-type]
@@ -430,11 +434,11 @@ async def test_waiters_get_503_when_the_heartbeat_says_the_router_froze(tmp_path
         watch = Freezing()
         conn = await routerlink.Link(Address("unix", str(path))).connect(watch)  # type: ignore[arg-type]
         assert conn is not None
-        client = RouterClient(InMemoryChannelLayer())
-        wait = asyncio.ensure_future(client._acquire_linked(conn, "m", "t", True, "f", "normal"))
+        client = Linked(Layer(InMemoryChannelLayer()))
+        wait = asyncio.ensure_future(client.over(conn, Ask("m", "f", "t")))
         await asyncio.sleep(0.1)
         watch.dead.set()
-        with pytest.raises(RouterRejected) as refused:
+        with pytest.raises(RouterError) as refused:
             await asyncio.wait_for(wait, 2)
         assert refused.value.status == 503 and "no heartbeat" in str(refused.value)
         assert conn.open  # same boot: the connection stays for the leases it carries
@@ -500,10 +504,10 @@ async def test_a_web_process_that_knows_the_key_acquires_over_tcp(tcp_host: Rout
     assert address is not None
     conn = await routerlink.Link(address).connect(Watch())  # type: ignore[arg-type]
     assert conn is not None and conn.boot == tcp_host.boot
-    client = RouterClient(InMemoryChannelLayer())
-    grant = await client._acquire_linked(conn, "m1", "t", True, "tcp-1", "normal")
+    client = Linked(Layer(InMemoryChannelLayer()))
+    grant = await client.over(conn, Ask("m1", "tcp-1", "t"))
     assert in_flight(tcp_host) == {"m1": 1}
-    await client.release(grant)
+    await grant.release()
     await until(lambda: in_flight(tcp_host) == {}, "released over TCP")
     assert tcp_host.acquires["socket"] == 1 and tcp_host.link.refused == 0
     conn.close()

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from models_app.api import jsonbody
 from models_app.api.app import route_table
-from models_app.api.errors import ApiError, error_body
+from models_app.api.errors import ApiError, encoded_error
 from tests.support.asgi import AsgiClient, Call
 from tests.support.fake_router import FakeRouter, Grant
 from tests.support.upstreams import ScriptedUpstream
@@ -109,8 +109,8 @@ class TestTheParser:
         value = {"model": "m", "t": 0.5, "n": -3, "ok": True, "x": None, "s": "é ☃ \n"}
         assert jsonbody.parse(json.dumps(value, ensure_ascii=False).encode()) == value
 
-    def test_an_error_body_never_fails_to_encode(self) -> None:
-        body = error_body(400, "model '\ud800' not found")
+    def test_an_encoded_error_never_fails_to_encode(self) -> None:
+        body = encoded_error(400, "model '\ud800' not found")
         assert json.loads(body)["error"]["message"] == "model '\ud800' not found"
         body.decode("utf-8")  # valid UTF-8: the surrogate is escaped, not written raw
 

@@ -16,8 +16,8 @@ from django_celery_beat.models import PeriodicTask
 
 from models_app import tasks
 from models_app.audit import purge_expired
-from models_app.bridge import RouterClient
 from models_app.models import AuditEvent, AuditKind, MemoryRollup, Preset, RouterSettings
+from models_app.routing.client import RouterClient
 from routerpanel.router import gguf
 from tests.support.fake_router import MemoryRouter, ring
 from tests.support.ggufgen import FAKE_VOCAB_SIZE, write_tiny_llama

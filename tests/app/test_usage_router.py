@@ -21,7 +21,8 @@ from channels.worker import Worker
 from models_app import usage
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore
-from models_app.bridge import ROUTER_CHANNEL, RouterClient
+from models_app.routing.client import RouterClient
+from models_app.topology import UNNAMED_CHANNEL
 from models_app.worker import RouterConsumer, RouterHost
 from tests.support.asgi import AsgiClient, django_stand_in
 from tests.support.upstreams import save_two_sim_presets
@@ -37,8 +38,8 @@ async def stack(tmp_path: Path) -> AsyncIterator[tuple[AsgiClient, usage.UsageRe
     layer = InMemoryChannelLayer()
     host = RouterHost(layer, state_file=tmp_path / "children.json")
     await host.start()
-    app = ChannelNameRouter({ROUTER_CHANNEL: RouterConsumer.as_asgi()})
-    worker = asyncio.ensure_future(Worker(app, [ROUTER_CHANNEL], layer).arun())
+    app = ChannelNameRouter({UNNAMED_CHANNEL: RouterConsumer.as_asgi()})
+    worker = asyncio.ensure_future(Worker(app, [UNNAMED_CHANNEL], layer).arun())
     recorder = usage.UsageRecorder(flush_seconds=3600)
     api = Api(
         django_stand_in,

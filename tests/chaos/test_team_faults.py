@@ -26,7 +26,8 @@ import httpx
 import psutil
 import pytest
 
-from models_app import bridge, liveness
+from models_app import liveness
+from models_app.routing import layer
 from tests.support.auditdb import pg_audit_rows
 from tests.support.chaos import record
 from tests.support.chaos_team import Team, kill_mid_stream, post_chat, until_served
@@ -102,7 +103,7 @@ def test_the_router_outlives_a_redis_outage_and_serves_again(
         # dead after DEAD_AFTER, a first answer is awaited ROUTER_TIMEOUT), with room for a
         # busy machine, never the client's 20 s. Serving again needs no restart: until_served
         # has its own deadline; the figure goes to the fault table.
-        bound = liveness.DEAD_AFTER + bridge.ROUTER_TIMEOUT
+        bound = liveness.DEAD_AFTER + layer.ROUTER_TIMEOUT
         assert all(took < bound for _, _, took in during), during
         outage_rows = pg_audit_rows(pg_database, "outage")
         wait_until(lambda: pg_audit_rows(pg_database, "outage"), 15, "the outage's audit row")

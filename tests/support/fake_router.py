@@ -1,7 +1,7 @@
-"""A scripted stand-in for the router worker: answers the bridge protocol on a channel layer.
+"""A scripted stand-in for the router worker: answers the router protocol on a channel layer.
 
 The real worker hosts the engine; these tests are about the HTTP side, so ``FakeRouter`` only
-plays the protocol of ``models_app.bridge`` (the messages of ``models_app.messages``): it
+plays the protocol of ``models_app.routing`` (the messages of ``routing.messages``): it
 grants, queues then grants, rejects or stays silent per model, answers the calls (snapshot, load,
 unload, reload, …) from a small table, records every message it receives (so a test can wait for
 ``router.cancel`` or ``router.release``), and emits events to the events group.
@@ -18,7 +18,9 @@ from typing import Any
 
 from channels.layers import BaseChannelLayer
 
-from models_app import bridge
+from models_app import topology
+from models_app.routing import wire
+from routerpanel.router.errors import Lease, RouterError, error_body
 from routerpanel.router.receipts import NO_RECEIPT, Receipt
 from tests.support.waits import settled
 
@@ -104,7 +106,7 @@ class FakeModel:
 
 
 class FakeRouter:
-    """Serve ``bridge.ROUTER_CHANNEL`` on ``layer`` until ``stop()``."""
+    """Serve ``topology.UNNAMED_CHANNEL`` on ``layer`` until ``stop()``."""
 
     def __init__(self, layer: BaseChannelLayer) -> None:
         self.layer = layer
@@ -145,7 +147,7 @@ class FakeRouter:
 
     async def emit(self, kind: str, data: dict[str, Any]) -> None:
         payload = {"seq": next(self._seq), "type": kind, "time": 0.0, "data": data}
-        await self.layer.group_send(bridge.EVENTS_GROUP, bridge.event(payload))
+        await self.layer.group_send(topology.EVENTS_GROUP, wire.event(payload))
 
     async def wait_for(
         self, kind: str, where: Callable[[dict[str, Any]], bool] = lambda m: True, timeout=20.0
@@ -182,7 +184,7 @@ class FakeRouter:
 
     async def _run(self) -> None:
         while True:
-            message = await self.layer.receive(bridge.ROUTER_CHANNEL)
+            message = await self.layer.receive(topology.UNNAMED_CHANNEL)
             async with self._arrived:
                 self.received.append(message)
                 self._arrived.notify_all()
@@ -211,24 +213,25 @@ class FakeRouter:
         if isinstance(behaviour, Silent):
             return
         if isinstance(behaviour, Reject):
-            error = bridge.error_body(behaviour.status, behaviour.message, behaviour.error_type)
-            answer = bridge.rejected(request_id, behaviour.status, error, behaviour.retry_after)
+            error = RouterError(
+                behaviour.status, behaviour.error_type, behaviour.message, behaviour.retry_after
+            )
+            answer = wire.rejected(request_id, error)
             await self._reply(message, answer)
             return
         assert model is not None
         port = model.port or 1
         receipt, key = NO_RECEIPT, None
         if isinstance(behaviour, QueueThenGrant):
-            await self._reply(message, bridge.queued(request_id, behaviour.position))
+            await self._reply(message, wire.queued(request_id, behaviour.position))
             await behaviour.release.wait()
             port = behaviour.port
         elif isinstance(behaviour, Grant):
             port, receipt, key = behaviour.port, behaviour.receipt, behaviour.key
         lease_id = f"lease-{next(self._ids)}"
         self.leases[lease_id] = model.name
-        granted = bridge.granted(
-            request_id, lease_id, model.name, port, self.lease_ttl, receipt=receipt, key=key
-        )
+        lease = Lease(lease_id, request_id, model.name, port, 0.0, receipt=receipt, key=key)
+        granted = wire.granted(request_id, lease, self.lease_ttl)
         await self._reply(message, granted)
 
     async def router_renew(self, message: dict[str, Any]) -> None:
@@ -251,21 +254,21 @@ class FakeRouter:
             "memory": None,
             "config": {"models_max": self.models_max, "autoload": True, "lease_ttl": LEASE_TTL},
         }
-        await self._reply(message, bridge.result(message["request_id"], body))
+        await self._reply(message, wire.result(message["request_id"], body))
 
     async def router_ready(self, message: dict[str, Any]) -> None:
         running = sum(1 for m in self.models.values() if m.status in ("loading", "loaded"))
         body = {"models": len(self.models), "running": running, "queued": 0, "boot": ""}
-        await self._reply(message, bridge.result(message["request_id"], body))
+        await self._reply(message, wire.result(message["request_id"], body))
 
     async def router_memory(self, message: dict[str, Any]) -> None:
-        await self._reply(message, bridge.result(message["request_id"], {"memory": []}))
+        await self._reply(message, wire.result(message["request_id"], {"memory": []}))
 
     async def router_metrics(self, message: dict[str, Any]) -> None:
-        await self._reply(message, bridge.result(message["request_id"], {"metrics": []}))
+        await self._reply(message, wire.result(message["request_id"], {"metrics": []}))
 
     async def router_logs(self, message: dict[str, Any]) -> None:
-        await self._reply(message, bridge.result(message["request_id"], {"logs": []}))
+        await self._reply(message, wire.result(message["request_id"], {"logs": []}))
 
     async def router_load(self, message: dict[str, Any]) -> None:
         model = self.resolve(message["model"])
@@ -275,7 +278,7 @@ class FakeRouter:
             await self._error(message, 400, "model is already running", "invalid_request_error")
         else:
             model.status = "loading"
-            await self._reply(message, bridge.result(message["request_id"], {"success": True}))
+            await self._reply(message, wire.result(message["request_id"], {"success": True}))
 
     async def router_unload(self, message: dict[str, Any]) -> None:
         model = self.resolve(message["model"])
@@ -284,7 +287,7 @@ class FakeRouter:
         elif model.status not in ("loading", "loaded", "sleeping"):
             await self._error(message, 400, "model is not running", "invalid_request_error")
         else:
-            await self._reply(message, bridge.result(message["request_id"], {"success": True}))
+            await self._reply(message, wire.result(message["request_id"], {"success": True}))
 
     async def router_cancel_queued(self, message: dict[str, Any]) -> None:
         target = message.get("model") or message.get("queued_request")
@@ -292,7 +295,7 @@ class FakeRouter:
             await self._error(message, 404, f"no queued request for {target}", "not_found_error")
         else:
             body = {"success": True, "cancelled": self.queued.pop(target)}
-            await self._reply(message, bridge.result(message["request_id"], body))
+            await self._reply(message, wire.result(message["request_id"], body))
 
     async def router_reload(self, message: dict[str, Any]) -> None:
         if self.on_reload is not None:
@@ -301,25 +304,25 @@ class FakeRouter:
         if isinstance(outcome, Reject):
             await self._error(message, outcome.status, outcome.message, outcome.error_type)
         else:
-            await self._reply(message, bridge.result(message["request_id"], outcome))
+            await self._reply(message, wire.result(message["request_id"], outcome))
 
     async def router_lease(self, message: dict[str, Any]) -> None:
         error = self.ended.get(message.get("lease_id", ""))
         body = {"error": None} if error is None else {"error": error, "retry_after": 1}
-        await self._reply(message, bridge.result(message["request_id"], body))
+        await self._reply(message, wire.result(message["request_id"], body))
 
     async def router_reservations(self, message: dict[str, Any]) -> None:
         known = sorted(m for m in message["reservations"] if self.resolve(m) is not None)
         unknown = sorted(m for m in message["reservations"] if self.resolve(m) is None)
         body = {"reserved": known, "loading": [], "unknown": unknown}
-        await self._reply(message, bridge.result(message["request_id"], body))
+        await self._reply(message, wire.result(message["request_id"], body))
 
     async def router_settings(self, message: dict[str, Any]) -> None:
-        await self._reply(message, bridge.result(message["request_id"], {}))
+        await self._reply(message, wire.result(message["request_id"], {}))
 
     async def _error(self, message: dict[str, Any], status: int, text: str, kind: str) -> None:
-        body = {"error": bridge.error_body(status, text, kind)}
-        await self._reply(message, bridge.result(message["request_id"], body, status))
+        body = {"error": error_body(status, text, kind)}
+        await self._reply(message, wire.result(message["request_id"], body, status))
 
 
 MIB = 1 << 20
@@ -349,4 +352,4 @@ class MemoryRouter(FakeRouter):
 
     async def router_memory(self, message: dict[str, Any]) -> None:
         body = {"memory": self.history}
-        await self._reply(message, bridge.result(message["request_id"], body))
+        await self._reply(message, wire.result(message["request_id"], body))

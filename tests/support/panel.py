@@ -15,8 +15,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from models_app.messages import Call
 from models_app.roles import Role, set_role
+from models_app.routing.messages import Call
 from models_app.views import common
 
 PASSWORD = "pw-for-tests-only"

@@ -41,7 +41,7 @@ from twisted.web.http import Request as TwistedRequest
 
 from models_app.api.app import is_api_path
 from models_app.api.config import ApiConfig
-from models_app.api.errors import error_body
+from models_app.api.errors import encoded_error
 from models_app.api.request import CHUNK_NOW, JSON_TYPE, body_timeout
 
 log = logging.getLogger(__name__)
@@ -637,7 +637,7 @@ class BodyGuard:
         raw_path = getattr(self.request.channel, "_path", b"")  # the request line's target
         path = unquote(raw_path.split(b"?", 1)[0].decode("latin-1"))
         if is_api_path(path):
-            body, content_type = error_body(status, message), JSON_TYPE
+            body, content_type = encoded_error(status, message), JSON_TYPE
             extra = b"Server: llama.cpp\r\n"
         else:
             body, content_type = message.encode() + b"\n", b"text/plain; charset=utf-8"

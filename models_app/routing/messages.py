@@ -1,9 +1,9 @@
-"""The bridge's messages, one TypedDict each (DESIGN §5, STYLE 13).
+"""The router protocol's messages, one TypedDict each (DESIGN §5, STYLE 13).
 
-The web side sends the requests and reads the answers (``bridge.RouterClient``); the router
-host reads the requests and sends the answers (``worker.RouterHost``). Both ship together: a
-message's ``type`` is its name on the channel layer, and the handler that answers it is named
-after it. bridge.py's module doc tells the protocol (deadlines, boots, what is dropped when).
+The web side sends the requests and reads the answers (the transports of this package); the
+router host reads the requests and sends the answers (``worker.RouterHost``). Both ship together:
+a message's ``type`` is its name on the channel layer, and the handler that answers it is named
+after it. docs/architecture.md tells the protocol (deadlines, boots, what is dropped when).
 
 Web → router (channel ``router``); every one is ``Stamped``:
 
@@ -24,14 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, NotRequired, TypedDict, get_args, get_type_hints
 
-
-class ErrorBody(TypedDict):
-    """llama.cpp's error object: ``{"error": ErrorBody}`` is every refusal's JSON."""
-
-    code: int
-    message: str
-    type: str
-
+from routerpanel.router.errors import ErrorBody
 
 # ---- web → router: the envelope -----------------------------------------------------------------
 
