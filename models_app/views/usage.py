@@ -40,7 +40,8 @@ def usage_page(request: HttpRequest) -> HttpResponse:
     by = by if by in usage.GROUPS else "actor"
     days = request.GET.get("days", "7")
     days = days if days in SPANS else "7"
-    since = timezone.now() - timedelta(days=SPANS[days])
+    now = timezone.now()
+    since = now - timedelta(days=SPANS[days])
     everyone = role_of(request.user) >= Role.OPERATOR
     actor = None if everyone else request.user.get_username()
     rows = usage.summary(by, since, None, actor)
@@ -55,6 +56,7 @@ def usage_page(request: HttpRequest) -> HttpResponse:
         "columns": COLUMNS,
         "everyone": everyone,
         "hourly": usage.hourly(since, None, actor),
+        "window": [since.timestamp(), now.timestamp()],  # what the chart's time axis spans
         "quotas": quota_rows(request.user, everyone),
         "quota_form": _quota_form() if role_of(request.user) >= Role.ADMIN else None,
     }

@@ -791,6 +791,16 @@
     return `${Number.isInteger(n) ? n : n.toFixed(1)} ${name}`;
   }
 
+  // Time ticks at whole multiples of uPlot's step in local time (:00, :15, :30), never at the
+  // first sample's odd second: uPlot's own splits ticked 9:59, 10:14, 10:29 on a phone.
+  function roundTimes(u, axisIdx, min, max, incr) {
+    const step = Math.max(1, Math.round(incr));
+    const offset = -new Date(min * 1000).getTimezoneOffset() * 60; // local = UTC + offset
+    const out = [];
+    for (let t = Math.ceil((min + offset) / step) * step - offset; t <= max; t += step) out.push(t);
+    return out;
+  }
+
   // A point with no neighbour (one sample, or one between gaps) is drawn as a dot: a line needs two.
   function lonely(u, seriesIdx) {
     const data = u.data[seriesIdx];
@@ -857,7 +867,7 @@
           },
         },
         axes: [
-          axis({ label: "Time", labelSize: 20 }),
+          axis({ label: "Time", labelSize: 20, splits: roundTimes }),
           axis({
             label: "Memory",
             labelSize: 20,

@@ -23,7 +23,25 @@
     series.push({ label: model, stroke: palette[i % palette.length], width: 2,
                   points: { show: true } });
   });
-  var width = Math.max(320, target.clientWidth || 800);
-  new uPlot({ width: width, height: 260, series: series,
-              axes: [{}, { label: "seconds" }] }, data, target);
+  // The x-axis spans the days asked for (#usage-window), not uPlot's guess around a few hours;
+  // axes and grid in the theme's colours (panel.css), drawn again when the theme changes.
+  var span = JSON.parse(document.getElementById("usage-window").textContent);
+  function ink(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+  function axis(extra) {
+    var line = { stroke: ink("--chart-grid") };
+    return Object.assign({ stroke: ink("--chart-axis"), grid: line, ticks: line }, extra);
+  }
+  function draw() {
+    if (window.panelUsageChart) window.panelUsageChart.destroy();
+    var width = Math.max(280, target.clientWidth || 800);
+    window.panelUsageChart = new uPlot({
+      width: width, height: 260, series: series,
+      scales: { x: { time: true, range: function () { return span; } } },
+      axes: [axis({}), axis({ label: "seconds", size: 56 })],
+    }, data, target);
+  }
+  draw();
+  window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", draw);
 })();
