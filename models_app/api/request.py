@@ -196,9 +196,12 @@ class Request:
         body: bytes,
         content_type: bytes = JSON_TYPE,
         headers: tuple[tuple[bytes, bytes], ...] = (),
+        *,
+        own_404: bool = False,
     ) -> None:
-        """Send a whole response; a 404 always carries the generic body (§9.3a keep)."""
-        if status == 404:
+        """Send a whole response; a 404 carries the generic body (§9.3a keep) unless ``own_404``
+        (OpenAI's routes, which llama.cpp does not have: ``GET /v1/models/{id}``)."""
+        if status == 404 and not own_404:
             body, content_type = NOT_FOUND, JSON_TYPE
         start = [
             (b"content-type", content_type),
