@@ -13,8 +13,9 @@ included — must not drive the panel or change the router's state as the signed
   Django's middleware does not run. Requiring the ``Host`` to be an allowed host closes DNS
   rebinding: a page at ``http://evil.example:8080`` resolved to this machine sends
   ``Host: evil.example:8080``, which no deployment lists.
-* **The loud warning.** ``warn_if_open`` is called by ``serve``: a listener on a non-loopback
-  address with no API key lets anyone on the network load, unload and use every model.
+* **The warning.** ``warn_if_open`` is called by ``serve``: a listener on a non-loopback
+  address with no API key lets anyone on the network load, unload and use every model; one
+  line says so and names the step that closes it (the keys and settings pages say it too).
 * **CSV cells.** ``csv_cell`` neutralises spreadsheet formulas in exported text (OWASP).
 """
 
@@ -188,7 +189,8 @@ def open_to_network(host: str, api_keys: Iterable[str], keys_required: bool) -> 
 
 
 def warn_if_open(host: str, api_keys: Iterable[str], out: TextIO) -> bool:
-    """Say loudly, at start, that the API is open to the network; return whether it is.
+    """Say in one line, at start, that the API is open to the network and the step that closes
+    it; return whether it is.
 
     ``keys_required`` is the stored *API key required* switch: with it on, personal keys guard
     the API even without ``--api-key``.
@@ -197,14 +199,10 @@ def warn_if_open(host: str, api_keys: Iterable[str], out: TextIO) -> bool:
 
     if not open_to_network(host, api_keys, RouterSettings.load().require_api_key):
         return False
-    banner = "!" * 78
     out.write(
-        f"\n{banner}\n"
-        f"WARNING: listening on {host} with no API key: anyone who can reach this machine can\n"
-        "load, unload and use every model through the API (the panel itself needs a sign-in).\n"
-        "Set --api-key K (or LLAMA_API_KEY), or turn on 'API key required' in the panel's\n"
-        "settings, or listen on 127.0.0.1. See the README's Security section.\n"
-        f"{banner}\n\n"
+        f"WARNING: the API on {host} is open to the network: keys are not required, so anyone "
+        "who reaches it may use, load and unload every model. To close it, turn on "
+        "'Require an API key for the router API' in the panel's Settings.\n"
     )
     return True
 

@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from models_app import audit, edits, signin
+from models_app import audit, edits, runtime, signin
 from models_app.forms import (
     ApiKeyForm,
     KeyScopeForm,
@@ -53,6 +53,10 @@ def settings_page(request: HttpRequest) -> HttpResponse:
         "running": (snap or {}).get("config"),
         "router_error": router_error,
         "nodes": _node_rows(row, (snap or {}).get("nodes") or [], is_admin),
+        "error_links": common.error_links(form, whole=("settings-form", "Settings"))
+        if form is not None and form.is_bound
+        else [],
+        "api_open": api_open(),
     }
     return render(request, "panel/settings.html", context)
 
@@ -150,13 +154,20 @@ def _save_settings(request: HttpRequest, form: SettingsForm) -> HttpResponse:
         messages.info(request, "Nothing changed.")
         return redirect("panel:settings")
     answer = common.ask_router({"type": "router.settings", "actor": actor}, common.ACTION_WAIT)
+    # the words the form shows, in its order (issue 49.7)
+    names = [str(form[name].label) for name in form.fields if name in changed.details["changes"]]
     common.report(
         request,
         answer,
-        f"Saved: {changed.reason}. The router applies them now.",
-        f"Saved: {changed.reason}. The router is applying them.",
+        f"Saved: {', '.join(names)}. The router applies them now.",
+        f"Saved: {', '.join(names)}. The router is applying them.",
     )
     return redirect("panel:settings")
+
+
+def api_open() -> bool:
+    """Whether the router API serves requests without a key (no ``--api-key``, the switch off)."""
+    return not any(runtime.OPTIONS.api_keys) and not RouterSettings.load().require_api_key
 
 
 def _readable(row: RouterSettings) -> list[tuple[str, str]]:
@@ -221,7 +232,8 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     if not is_admin:
         keys = keys.filter(owner=request.user)
     created = _new_key(request) if request.method == "GET" else None
-    context = {"form": form, "keys": keys, "created": created, "is_admin": is_admin}
+    context = {"form": form, "keys": keys, "created": created, "is_admin": is_admin,
+               "api_open": api_open()}  # fmt: skip
     response = render(request, "panel/keys.html", context)
     response["Cache-Control"] = "no-store"  # the page may hold a secret
     return response

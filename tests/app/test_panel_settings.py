@@ -32,7 +32,7 @@ def test_a_change_is_validated_audited_and_sent_to_the_router(
     response = admin_client.post(
         "/settings/", body(models_max="2", memory_budget="96G", max_wait="30"), follow=True
     )
-    assert "Saved: max_wait, memory_budget, models_max." in response.content.decode()
+    assert "Saved: Max running models, Memory budget, Max wait." in response.content.decode()
     row = RouterSettings.load()
     assert (row.models_max, row.memory_budget, row.max_wait) == (2, 96 << 30, 30)
     event = AuditEvent.objects.get(kind=AuditKind.SETTINGS_CHANGED)
@@ -118,7 +118,7 @@ def test_the_queue_policy_is_a_setting_that_reaches_the_router_config(
     refused = admin_client.post("/settings/", body(queue_policy="lottery"))
     assert "Select a valid choice." in refused.content.decode()
     response = admin_client.post("/settings/", body(queue_policy="fair"), follow=True)
-    assert "Saved: queue_policy." in response.content.decode()
+    assert "Saved: Queue policy." in response.content.decode()
     event = AuditEvent.objects.get(kind=AuditKind.SETTINGS_CHANGED)
     assert event.details["changes"]["queue_policy"] == ["fifo", "fair"]
     assert panel_router.of_kind("settings") == [{"actor": "user:ada"}]

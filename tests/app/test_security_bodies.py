@@ -169,8 +169,8 @@ class TestSlowBodies:
 class TestTheOpenServerWarning:
     def test_serve_on_all_interfaces_without_a_key_says_so_loudly(self, server: Server) -> None:
         output = server.output()
-        assert "WARNING: listening on 0.0.0.0 with no API key" in output
-        assert "See the README's Security section." in output
+        assert "WARNING: the API on 0.0.0.0 is open to the network" in output
+        assert "'Require an API key for the router API' in the panel's Settings." in output
 
     @pytest.mark.parametrize(
         ("host", "keys", "required", "open_"),
