@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models_app.models import AuditKind
+from models_app.views.common import human_bytes
+from routerpanel.router import states
 from routerpanel.router.catalogue import Event
 from routerpanel.router.decisions import StopReason
 from routerpanel.router.feed import EngineEvent
@@ -57,8 +59,7 @@ EVICTIONS = (StopReason.EVICTION, StopReason.SHRINK)
 OWN_ROW = (*EVICTIONS, StopReason.HUNG)  # the stop's own event (evicted, hung) makes the row
 # Events that make no row and feed no row: the rest of the catalogue has a handler below.
 IGNORED = frozenset(
-    {Event.MODEL_PROGRESS, Event.MODEL_LOG, Event.ROUTER_STOPPING, Event.PRESETS_RELOADED,
-     Event.SETTINGS_CHANGED}
+    {Event.MODEL_PROGRESS, Event.MODEL_LOG, Event.ROUTER_STOPPING, Event.PRESETS_RELOADED}
 )  # fmt: skip
 
 
@@ -114,6 +115,9 @@ class AuditMapper:
         # load that fails after evicting names what it cost.
         self._evicted_for: dict[str, list[str]] = {}
         self._system: dict[str, Any] | None = None  # the last memory sample's system part
+        self._running: set[str] = set()  # models whose child runs (model.state events)
+        # who lowered which limit, for the evictions that follow (issue 49.6)
+        self._lowered: tuple[str, str] = ("scheduler", "models_max or the memory budget")
         self.last_seq = 0
         self.missed = 0  # events never seen (a seq gap: the host's subscription fell behind)
 
@@ -159,13 +163,27 @@ class AuditMapper:
             Event.MEMORY_SAMPLE: self.memory_sample, Event.MEMORY_SETTLED: self.memory_settled,
             Event.MESSAGE_EXPIRED: self.message_expired,
             Event.SERVICE_OUTAGE: self.service_outage, Event.NODE_CHANGED: self.node_changed,
-            Event.MODEL_REFUSED: self.model_refused,
+            Event.MODEL_REFUSED: self.model_refused, Event.SETTINGS_CHANGED: self.settings_changed,
         }  # fmt: skip
 
     # ---- handlers, named after the event types (STYLE 13) ------------------------------------
 
+    def settings_changed(self, seq: int, t: float, d: dict[str, Any]) -> None:
+        """Remember who changed the limits and which one now holds fewer models than run: the
+        evictions that follow (``shrink``) name both."""
+        config = d.get("config") or {}
+        models_max, budget = config.get("models_max") or 0, config.get("memory_budget")
+        if 0 < models_max < len(self._running):
+            what = f"Max running models to {models_max}"
+        elif budget is not None:
+            what = f"the memory budget to {human_bytes(budget)}"
+        else:
+            what = "models_max or the memory budget"
+        self._lowered = (d.get("actor") or "scheduler", what)
+
     def model_state(self, seq: int, t: float, d: dict[str, Any]) -> None:
         frm, to = d["from"], d["to"]
+        (self._running.add if to in states.RUNNING else self._running.discard)(d["model"])
         trigger = d.get("trigger") or {}
         action = d.get("action")
         if d.get("stopping") and action in ("stop", "kill") and frm == to:
@@ -200,7 +218,9 @@ class AuditMapper:
         reason = StopReason(d["reason"])
         memory = d.get("memory_before") or {}
         if reason is StopReason.SHRINK:
-            why = "over the limit after models_max or the memory budget was lowered"
+            actor, what = self._lowered
+            why = f"over the limit after {actor} lowered {what}"
+            trigger = {**trigger, "actor": actor}
         else:
             why = f"least recently used idle model, stopped for {trigger.get('model')}"
             if trigger.get("model"):

@@ -170,6 +170,40 @@ class TestEviction:
         assert row.actor == "user:bob" and row.settle_seconds == 2.5
         assert row.details["settle_by"] == "memory" and row.memory_after == 10 * GIB
 
+    @config("a", "b", models_max=2)
+    async def test_lowering_models_max_names_it_and_the_admin_who_did(self, rig: Rig) -> None:
+        await rig.warm("a", "b")
+        lower = dataclasses.replace(rig.engine.config, models_max=1)
+        await rig.engine.update_settings(lower, actor="user:ada")
+        await rig.idle()
+        assert rig.sup.stopped() == ["a"]
+        rig.exit("a")
+        await rig.idle()
+        (row,) = await rig.rows(AuditKind.EVICTION)
+        assert row.actor == "user:ada"
+        assert row.reason == "over the limit after user:ada lowered Max running models to 1"
+
+    @config(
+        preset("a", memory_estimate=30 * GIB),
+        preset("b", memory_estimate=30 * GIB),
+        models_max=4,
+        memory_budget=80 * GIB,
+    )
+    async def test_lowering_the_memory_budget_names_it_and_the_admin(self, rig: Rig) -> None:
+        rig.writer.mapper.after_exit = -10.0  # no load waits: no settle ends the row, time does
+        await rig.warm("a", "b")
+        lower = dataclasses.replace(rig.engine.config, memory_budget=40 * GIB)
+        await rig.engine.update_settings(lower, actor="user:ada")
+        await rig.idle()
+        assert rig.sup.stopped() == ["a"]
+        rig.exit("a")
+        await rig.idle()
+        rig.sample(used=30 * GIB, available=34 * GIB)
+        await rig.idle()
+        (row,) = await rig.rows(AuditKind.EVICTION)
+        assert row.actor == "user:ada"
+        assert row.reason == "over the limit after user:ada lowered the memory budget to 40.0 GiB"
+
     async def test_a_forced_stop_writes_a_force_kill_row_too(self, rig: Rig) -> None:
         await rig.warm("a")
         rig.request("b", "anonymous")
