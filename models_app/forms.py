@@ -11,6 +11,7 @@ from typing import Any
 from django import forms
 from django.contrib.auth import get_user_model, password_validation
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.forms import formset_factory
 
 from models_app.models import (
@@ -27,7 +28,7 @@ from models_app.models import (
     validate_model_patterns,
 )
 from models_app.roles import Role
-from routerpanel.router import options, presets
+from routerpanel.router import ini, options, presets
 
 MAX_INI_BYTES = 1 << 20
 TRISTATE = (("", "not set (inherit)"), ("true", "yes"), ("false", "no"))
@@ -191,6 +192,23 @@ class PresetForm(forms.ModelForm):
             "memory_estimate", self.instance.memory_estimate
         )
         self.pair_errors: dict[str, list[str]] = {}
+        self.value_warnings: list[str] = []  # said after the save (a negative stop-timeout)
+        stop_timeout = self.fields["stop_timeout"]
+        stop_timeout.validators = [v for v in stop_timeout.validators
+                                   if not isinstance(v, MinValueValidator)]  # fmt: skip
+        stop_timeout.min_value = None
+        stop_timeout.widget.attrs.pop("min", None)
+
+    def clean_stop_timeout(self) -> int | None:
+        """A negative stop-timeout means 0 (kill at once), with a warning: the INI's rule
+        (llama.cpp's ``stoi``), one rule for the form and the file (issue 49.9)."""
+        value: int | None = self.cleaned_data.get("stop_timeout")
+        if value is None or value >= 0:
+            return value
+        warnings: list[ini.IniWarning] = []
+        number = presets.parse_stop_timeout(str(value), 0, warnings)
+        self.value_warnings += [w.message for w in warnings]
+        return number
 
     def clean_aliases_text(self) -> list[str]:
         text = self.cleaned_data.get("aliases_text", "")

@@ -7,7 +7,8 @@ one transaction: a bad line anywhere leaves the database exactly as it was.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
@@ -97,13 +98,12 @@ def import_presets(
     report = ImportReport(warnings=[str(w) for w in parsed.warnings], dry_run=dry_run)
     actor = actor or (audit.actor_of(user) if user is not None else "cli")
     try:
-        with transaction.atomic():
+        with _warned(parsed.warnings), transaction.atomic():
             # [*] first: each preset's options are checked against the program [*] names
             # (server-bin); then the settings are read once for all the presets.
             _apply_global(parsed, report, replace=replace, actor=actor)
             with server_options.settings_held():
-                _apply(parsed, report, replace=replace, user=user, source=source, actor=actor,
-                       keep_aliases=not origin.owns)  # fmt: skip
+                _apply(parsed, report, replace=replace, user=user, source=source, actor=actor)
             _claim(parsed, report, origin, actor)
             if dry_run:
                 raise _DryRun
@@ -120,17 +120,14 @@ def _apply(
     user: object | None,
     source: str,
     actor: str,
-    keep_aliases: bool,
 ) -> None:
     existing = {p.name: p for p in Preset.objects.select_for_update()}
     errors: list[ini.IniError] = []  # every preset the database refuses, reported at once
     created: list[Preset] = []  # written together after the loop (ten thousand: one insert)
     for definition in parsed.presets:
+        # One rule for every field (issue 49.9): the file is the whole preset it names, so
+        # what it leaves out (aliases, stop-timeout, pinned...) is cleared, not kept.
         row = existing.get(definition.name)
-        if row is not None and keep_aliases and definition.name not in parsed.aliased:
-            # Aliases set in the panel stay when the file names none (an empty ``alias =``
-            # clears them); a preset file that owns its presets is their whole truth.
-            definition = dataclasses.replace(definition, aliases=tuple(row.aliases))
         if row is not None and row.to_def() == definition:
             report.unchanged.append(definition.name)
             continue
@@ -165,6 +162,16 @@ def _apply(
                 audit.record_preset_change(before, None, actor)
                 report.deleted.append(name)
     _check_stored_aliases(source)
+
+
+@contextlib.contextmanager
+def _warned(warnings: list[ini.IniWarning]) -> Iterator[None]:
+    """An error the database finds goes with what the file warned of, as the parser's do."""
+    try:
+        yield
+    except ini.IniError as exc:
+        exc.warnings = exc.warnings or list(warnings)
+        raise
 
 
 def _create(rows: list[Preset], actor: str) -> None:

@@ -51,6 +51,7 @@ class IniError(ValueError):
         self.message = message
         self.line = line
         self.source = source
+        self.warnings: list[IniWarning] = []  # what the file's other lines warned of, if known
         where = f"{source}:{line}" if line else source
         super().__init__(f"{where}: {message}")
 
@@ -69,13 +70,18 @@ class IniErrors(IniError):
         return "\n".join(str(e) for e in self.errors)
 
 
-def raise_all(errors: list[IniError]) -> None:
-    """Raise what ``errors`` holds: nothing, the one error, or all of them as ``IniErrors``."""
+def raise_all(errors: list[IniError], warnings: list[IniWarning] | None = None) -> None:
+    """Raise what ``errors`` holds: nothing, the one error, or all of them as ``IniErrors``;
+    the file's ``warnings`` go with it (a file with errors still shows what it warned of)."""
+    if not errors:
+        return
     if len(errors) == 1:
-        raise errors[0]
-    if errors:
+        raised = errors[0]
+    else:
         flat = [one for e in errors for one in (e.errors if isinstance(e, IniErrors) else [e])]
-        raise IniErrors(sorted(flat, key=lambda e: e.line))
+        raised = IniErrors(sorted(flat, key=lambda e: e.line))
+    raised.warnings = list(warnings or ())
+    raise raised
 
 
 @dataclass(frozen=True)

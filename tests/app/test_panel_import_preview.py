@@ -32,7 +32,8 @@ def test_each_changed_field_shows_before_and_after(
     table = table[: table.index("</table>")]
     model_file = '<th scope="row">Model file</th><td class="before">/m/a.gguf</td>'
     assert f'{model_file}<td class="after">/m/b.gguf</td>' in table
-    assert '<th scope="row">Aliases</th>' not in table  # the file names none: the panel's stay
+    aliases = '<th scope="row">Aliases</th><td class="before">fast</td>'
+    assert f'{aliases}<td class="after">—</td>' in table  # left out of the file: cleared
     star = text[text.index('data-preset="[*]"') :]
     assert '<td class="before">—</td><td class="after">ctx-size = 4096</td>' in star
 
@@ -61,7 +62,7 @@ def test_an_uploaded_file_stays_after_preview(
     assert "[kept]\nmodel = /m/k.gguf" in form  # in the text box, ready to fix and preview again
 
 
-def test_an_empty_alias_key_clears_the_panels_aliases_and_says_so(
+def test_an_empty_alias_key_clears_the_aliases_and_says_so(
     admin_client: Client, panel_router: RouterStub
 ) -> None:
     Preset.objects.create(name="ux-test", model_path="/m/a.gguf", aliases=["fast"])

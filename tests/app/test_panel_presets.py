@@ -20,7 +20,7 @@ class TestCreate:
     def test_it_shows_field_errors_then_creates_the_preset(
         self, admin_client: Client, panel_router: RouterStub
     ) -> None:
-        bad = form(args=[("ctx-sizee", "4096")], name="org/tiny:q8_0", stop_timeout="-1")
+        bad = form(args=[("ctx-sizee", "4096")], name="org/tiny:q8_0", ttl="-1")
         response = admin_client.post("/presets/new/", bad)
         assert response.status_code == 200
         text = response.content.decode()

@@ -105,16 +105,14 @@ class TestImport:
         assert named == [f"{ini_file}:{n}" for n in (8, 17, 20)], message
         assert "Nothing was imported." in message and not Preset.objects.exists()
 
-    def test_aliases_set_in_the_panel_stay_when_the_file_names_none(self) -> None:
-        Preset.objects.create(name="a", model_path="/m/a.gguf", aliases=["fast"])
-        report = import_presets("[a]\nmodel = /m/a.gguf\n")
+    def test_a_field_the_file_leaves_out_is_cleared_aliases_too(self) -> None:
+        """One rule for every field (issue 49.9): the file is the whole of each preset it names."""
+        Preset.objects.create(name="a", model_path="/m/a.gguf", aliases=["fast"], stop_timeout=30)
+        report = import_presets("[a]\nmodel = /m/a.gguf\nalias = fast\nstop-timeout = 30\n")
         assert report.unchanged == ["a"]
         import_presets("[a]\nmodel = /m/a2.gguf\n")
-        assert Preset.objects.get(name="a").aliases == ["fast"]
-        import_presets("[a]\nmodel = /m/a2.gguf\nalias = quick\n")
-        assert Preset.objects.get(name="a").aliases == ["quick"]
-        import_presets("[a]\nmodel = /m/a2.gguf\nalias =\n")  # empty: cleared on purpose
-        assert Preset.objects.get(name="a").aliases == []
+        row = Preset.objects.get(name="a")
+        assert (row.aliases, row.stop_timeout) == ([], None)
 
     def test_the_models_preset_file_is_the_whole_truth_for_aliases(self, ini_file: Path) -> None:
         from models_app import sources

@@ -62,7 +62,7 @@ def parse_presets(
         presets.append(section_to_def(section, source, warnings, resolve(program), errors))
         if _names_aliases(section):
             aliased.add(section.name)
-    ini.raise_all(errors)
+    ini.raise_all(errors, warnings)
     check_aliases(presets, source)
     lines = {s.name: s.line for s in doc.model_sections}
     return ParsedPresets(global_def, presets, warnings, lines, frozenset(aliased))
