@@ -27,6 +27,7 @@ from models_app.management.commands import _inputs as inputs
 from models_app.models import Preset, RouterSettings
 from models_app.routerproc import RouterProcess, raise_open_files_limit
 from routerpanel.env import envbool, envfloat, envint, envstr, split_list
+from routerpanel.router import states
 
 LISTEN_BACKLOG = 1024  # connections the kernel may hold before Daphne accepts them
 
@@ -206,7 +207,7 @@ class Command(BaseCommand):
             ],
             signal_handlers=False,  # through the loop, below (routerpanel/reactor.py says why)
             verbosity=0,
-            stopping=Stopping(router, options["shutdown_grace"]),
+            stopping=Stopping(router, options["shutdown_grace"], self.stdout.write),
         )
         server.on_listening = lambda: ready.done("socket")
         loop = reactor._asyncioEventloop
@@ -224,7 +225,7 @@ class Command(BaseCommand):
 
         server = UvicornServer(
             application, options["host"], options["port"],
-            stopping=Stopping(router, options["shutdown_grace"]),
+            stopping=Stopping(router, options["shutdown_grace"], self.stdout.write),
         )  # fmt: skip
         server.on_listening = lambda: ready.done("socket")
         if router is None:
@@ -248,8 +249,10 @@ class Stopping:
     4. The proxy's connections to the children are closed: whatever is left ends.
     """
 
-    def __init__(self, router: EmbeddedRouter | None, grace: float) -> None:
-        self.router, self.grace = router, grace
+    def __init__(
+        self, router: EmbeddedRouter | None, grace: float, say: Callable[[str], Any] = print
+    ) -> None:
+        self.router, self.grace, self.say = router, grace, say
         self._done: asyncio.Future[None] | None = None
 
     def __call__(self) -> asyncio.Future[None]:
@@ -260,10 +263,23 @@ class Stopping:
     async def _stop(self) -> None:
         from routerpanel.asgi import http_app
 
+        self.say(self._plan())
         await http_app.drain(self.grace)
         if self.router is not None:
             await self.router.stop()
         await http_app.aclose()
+        self.say("Stopped.")
+
+    def _plan(self) -> str:
+        """What Ctrl-C (or SIGTERM) stops, said before it is done (issue 49.10)."""
+        steps = [f"no new requests; those under way get up to {self.grace:g} s to finish"]
+        if self.router is not None:
+            running = self.router.running()
+            steps.append(
+                f"then the router stops {', '.join(running)}, each within its stop-timeout"
+                if running else "then the router (no model runs)"
+            )  # fmt: skip
+        return f"Stopping RouterPanel: {'; '.join(steps)}."
 
 
 class Announcement:
@@ -315,3 +331,9 @@ class EmbeddedRouter:
 
     def stop(self) -> asyncio.Future[Any]:
         return asyncio.ensure_future(self.process.stop())
+
+    def running(self) -> list[str]:
+        """The models whose child runs now, by name."""
+        engine = self.process.host.engine
+        models = engine.snapshot().get("models") or () if engine is not None else ()
+        return sorted(m["name"] for m in models if m.get("state") in states.RUNNING)
