@@ -3,7 +3,7 @@
 Embedded mode (the default) is ONE process: Daphne serves HTTP and WebSockets, and the router
 worker for channel ``router`` runs in the same event loop on the in-memory channel layer. With
 ``--no-router`` it is the web side of team mode only, talking to ``runrouter`` over Redis and
-over the socket the router advertises (routerlink.py; its first lines say which).
+over the socket the router advertises (routing/link_client.py; its first lines say which).
 ``--http uvicorn`` serves the same application with uvicorn instead of Daphne (_uvicorn.py).
 """
 
@@ -155,9 +155,9 @@ class Command(BaseCommand):
         router = None if options["no_router"] else EmbeddedRouter(self, options)
         if router is None:
             raise_open_files_limit()
-            from models_app import routerlink
+            from models_app.routing import link_client
 
-            self.stdout.write(routerlink.startup_note())
+            self.stdout.write(link_client.startup_note())
         # The URL only once the socket listens and the router has started: a busy port or a
         # router that refuses to start (too many startup models...) must not look like success.
         ready = Announcement(
