@@ -59,11 +59,11 @@ class Beat:
     host: str
     time: float  # wall clock of the beat
     started: float
-    link: str = ""  # where web processes connect (routerlink.py): "unix:PATH"; "": channels only
+    link: str = ""  # where web processes connect (routing/link.py): "unix:PATH"; "": channels only
     node: str = ""  # the node's name (nodes.py); "" the unnamed router
     advertise: str = ""  # the address its children listen on, for web processes to reach them
     status: dict[str, Any] | None = None  # capacity, memory and models, for placement
-    tcp: str = ""  # the data path for web processes on other hosts: "tcp:HOST:PORT" (routerlink)
+    tcp: str = ""  # the data path for web processes on other hosts: "tcp:HOST:PORT" (link.py)
 
     @classmethod
     def parse(cls, raw: bytes | str | None) -> Beat | None:

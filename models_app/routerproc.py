@@ -1,7 +1,7 @@
 """Run the router in a process: the one start-up path of ``serve`` and ``runrouter``.
 
 ``RouterProcess`` takes the router's locks (locks.py) before anything starts, then starts the
-engine host (worker.RouterHost), the Channels worker for channel ``router`` and the lock
+engine host (routing/host.py), the Channels worker for channel ``router`` and the lock
 keeper; ``stop()`` stops every child within its stop-timeout. ``serve`` runs it inside Daphne's
 event loop (embedded mode, where the web side calls the engine in-process); ``runrouter`` in an
 event loop of its own (team mode). Either way the process keeps serving through Redis
@@ -64,14 +64,14 @@ def is_loopback(address: str) -> bool:
 
 
 def link_tcp(advertise: str, port: int | None) -> Any:
-    """Where the router link listens for other hosts (routerlink.py): on the advertised
+    """Where the router link listens for other hosts (link_server.py): on the advertised
     address at ``port`` (``--link-port``; 0: any free port); without a port, only when the
     address is not loopback (other machines reach it), at any free port. None: Unix only."""
-    from models_app import routerlink
+    from models_app.routing.link import Address
 
     if port is None and is_loopback(advertise):
         return None
-    return routerlink.Address("tcp", host=advertise.strip("[]"), port=port or 0)
+    return Address("tcp", host=advertise.strip("[]"), port=port or 0)
 
 
 class RouterProcess:
@@ -82,7 +82,7 @@ class RouterProcess:
     ) -> None:
         from channels.layers import get_channel_layer
 
-        from models_app.worker import RouterHost
+        from models_app.routing.host import RouterHost
 
         self.boot = new_router_id()
         node = topology.check_name(options.get("node") or "")
@@ -106,13 +106,12 @@ class RouterProcess:
             boot=self.boot,
         )
         if link and settings.REDIS_URL and settings.ROUTERPANEL_ROUTER_LINK:
-            from models_app import routerlink
+            from models_app.routing.link import Address, socket_path
+            from models_app.routing.link_server import LinkServer
 
-            path = routerlink.socket_path(settings.DATA_DIR)
+            path = socket_path(settings.DATA_DIR)
             tcp = link_tcp(overrides.advertise, options.get("link_port"))
-            self.host.link = routerlink.LinkServer(
-                self.host, routerlink.Address("unix", str(path)), tcp
-            )
+            self.host.link = LinkServer(self.host.desk, Address("unix", str(path)), tcp)
         self._tasks: list[asyncio.Task[Any]] = []
 
     def acquire_lock(self) -> None:
@@ -124,7 +123,7 @@ class RouterProcess:
 
         ``extra``: more coroutines to run beside them until ``stop`` (embedded mode's jobs).
         """
-        from models_app.worker import run_worker
+        from models_app.routing.listener import run_worker
 
         raise_open_files_limit()
         try:

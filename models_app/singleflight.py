@@ -1,6 +1,6 @@
 """One call at a time of an awaited read or connect, shared by every caller that arrives meanwhile.
 
-The node directory's read (nodes.known) and a router link's connect (routerlink.Link.connect)
+The node directory's read (nodes.known) and a router link's connect (link_client.Link.connect)
 are both asked for by many requests at once; each should run once, and a request that is
 cancelled while it waits (its client left) must not cancel the work the others wait for.
 """

@@ -127,7 +127,7 @@ REDIS_URL = envstr("REDIS_URL")
 # heartbeat): two installations, or a test run, can share one Redis server without meeting.
 ROUTERPANEL_REDIS_PREFIX = envstr("ROUTERPANEL_REDIS_PREFIX", "routerpanel")
 # Team mode's data path (acquire/renew/release/cancel): one socket per web process to its
-# router (models_app/routerlink.py). false: runrouter does not listen and web processes use the
+# router (models_app/routing/link.py). false: runrouter does not listen and web processes use the
 # channel layer for these too.
 ROUTERPANEL_ROUTER_LINK = envbool("ROUTERPANEL_ROUTER_LINK", True)
 # Web side: auto uses the router's Unix socket when it runs on this host, else its TCP address;

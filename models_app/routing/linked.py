@@ -1,4 +1,4 @@
-"""Team mode over the router's socket (routerlink.py): acquire, renew, release and cancel go
+"""Team mode over the router's socket (link_client.py): acquire, renew, release and cancel go
 over one connection per web process; calls and events stay on the channel layer.
 
 The same messages and deadlines as the layer (layer.py), plus: a connection that closes answers
@@ -13,14 +13,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from models_app import routerlink
-from models_app.routing import wire
+from models_app.routing import link_client, wire
 from models_app.routing.layer import Layer, Reply, router_gone
 from models_app.routing.messages import Call, EventPayload, ReleaseMessage, RenewMessage
 from routerpanel.router.errors import RouterError
 
 if TYPE_CHECKING:
-    from models_app.routerlink import Connection
+    from models_app.routing.link_client import Connection
     from models_app.routing.transport import Ask, RouterTransport
 
 
@@ -44,7 +43,7 @@ class Linked:
             return await self.layer.acquire(ask)
         if (why := watch.lost(None)) is not None:
             raise router_gone(why)  # known dead: do not even queue a message
-        conn = await routerlink.connection(watch)
+        conn = await link_client.connection(watch)
         if conn is None:
             return await self.layer.acquire(ask)
         return await self.over(conn, ask)

@@ -26,8 +26,9 @@ from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore
 from models_app.models import ApiKey, AuditEvent, AuditKind
 from models_app.routing.client import RouterClient
+from models_app.routing.host import RouterHost
+from models_app.routing.listener import RouterConsumer
 from models_app.topology import UNNAMED_CHANNEL
-from models_app.worker import RouterConsumer, RouterHost
 from tests.support.asgi import AsgiClient, django_stand_in
 from tests.support.upstreams import save_two_sim_presets
 

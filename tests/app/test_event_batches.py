@@ -15,11 +15,12 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
-from models_app import topology, worker
+from models_app import topology
 from models_app.roles import Role
+from models_app.routing import host as hosting
 from models_app.routing import wire
 from models_app.routing.client import RouterClient
-from models_app.worker import RouterHost
+from models_app.routing.host import RouterHost
 from routerpanel.router.catalogue import Event
 from routerpanel.router.feed import EngineEvent, Subscription
 from tests.support.dashboard_socket import TIMEOUT, connect, receive
@@ -77,11 +78,11 @@ class TestPublish:
         sub, task = await self.publish(layer)
         sub.push(log_event(1))
         await asyncio.sleep(0)  # the first is on its way (held at the gate)
-        for seq in range(2, 2 + worker.EVENT_BATCH + 5):
+        for seq in range(2, 2 + hosting.EVENT_BATCH + 5):
             sub.push(log_event(seq))
         layer.gate.set()
         async with asyncio.timeout(5):
-            while sum(len(seqs(m)) for m in layer.sent) < worker.EVENT_BATCH + 5:
+            while sum(len(seqs(m)) for m in layer.sent) < hosting.EVENT_BATCH + 5:
                 await asyncio.sleep(0.01)
         sub.push(log_event(100))
         sub.close()
@@ -89,9 +90,9 @@ class TestPublish:
         assert [m["type"] for m in layer.sent] == [
             "router.event", "router.events", "router.events", "router.event"
         ]  # fmt: skip
-        assert [len(seqs(m)) for m in layer.sent] == [1, worker.EVENT_BATCH, 5, 1]
+        assert [len(seqs(m)) for m in layer.sent] == [1, hosting.EVENT_BATCH, 5, 1]
         every = [seq for m in layer.sent for seq in seqs(m)]
-        assert every == [*range(1, 2 + worker.EVENT_BATCH + 5), 100]
+        assert every == [*range(1, 2 + hosting.EVENT_BATCH + 5), 100]
 
     async def test_a_failed_send_loses_that_message_only_and_a_node_is_named(self) -> None:
         layer = RecordingLayer(fail_first=True)

@@ -1,4 +1,4 @@
-"""Team mode's router connection (routerlink.py): framing, multiplexing, order, loss.
+"""Team mode's router connection (routing/link*.py): framing, multiplexing, order, loss.
 
 A real ``RouterHost`` with simulated children listens on a Unix socket in the test's directory;
 the tests speak to it as a web process does, raw (to see the order of what arrives) or through
@@ -19,13 +19,15 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import InMemoryChannelLayer
 
-from models_app import routerlink
-from models_app.routerlink import Address, Connection, LinkServer
-from models_app.routing import wire
+from models_app.routing import link as framing
+from models_app.routing import link_client, wire
+from models_app.routing.host import RouterHost
 from models_app.routing.layer import FIRST_ANSWER_CAP, Layer
+from models_app.routing.link import Address
+from models_app.routing.link_client import Connection
+from models_app.routing.link_server import LinkServer
 from models_app.routing.linked import Linked
 from models_app.routing.transport import Ask
-from models_app.worker import RouterHost
 from routerpanel.router.catalogue import Event
 from routerpanel.router.errors import Lease, RouterError
 from routerpanel.router.receipts import Receipt
@@ -39,7 +41,7 @@ DEADLINE = 30.0
 async def host(tmp_path: Path) -> AsyncIterator[RouterHost]:
     await sync_to_async(save_two_sim_presets)()
     host = RouterHost(InMemoryChannelLayer(), state_file=tmp_path / "children.json")
-    host.link = LinkServer(host, Address("unix", str(routerlink.socket_path(tmp_path))))
+    host.link = LinkServer(host.desk, Address("unix", str(framing.socket_path(tmp_path))))
     await host.start()
     assert host.link.listening
     yield host
@@ -52,7 +54,7 @@ async def read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
         line = await reader.readline()
         if not line.endswith(b"\n"):
             return None
-        if (message := routerlink.decode(line)) is not None:
+        if (message := framing.decode(line)) is not None:
             return message
 
 
@@ -70,7 +72,7 @@ class Raw:
         return raw, await raw.next()
 
     def send(self, *messages: dict[str, Any]) -> None:
-        self.writer.write(b"".join(routerlink.encode(m) for m in messages))  # one write
+        self.writer.write(b"".join(framing.encode(m) for m in messages))  # one write
 
     async def next(self) -> dict[str, Any]:
         async with asyncio.timeout(DEADLINE):
@@ -119,17 +121,17 @@ def test_addresses_parse_for_unix_and_tcp() -> None:
 
 def test_a_socket_path_too_long_for_the_kernel_moves_to_the_temp_dir(tmp_path: Path) -> None:
     deep = tmp_path / ("d" * 120)
-    path = routerlink.socket_path(deep)
-    assert len(os.fsencode(path)) <= routerlink.UNIX_PATH_MAX
-    assert path == routerlink.socket_path(deep)  # one per data dir
-    assert path != routerlink.socket_path(tmp_path / ("e" * 120))
+    path = framing.socket_path(deep)
+    assert len(os.fsencode(path)) <= framing.UNIX_PATH_MAX
+    assert path == framing.socket_path(deep)  # one per data dir
+    assert path != framing.socket_path(tmp_path / ("e" * 120))
 
 
 def test_lines_frame_messages_and_bad_ones_are_skipped_or_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(routerlink, "LINE_LIMIT", 64)
-    lines = routerlink.Lines()
+    monkeypatch.setattr(framing, "LINE_LIMIT", 64)
+    lines = framing.Lines()
     assert lines.feed(b'{"type":"a","n":1}\nnot json\n[1]\n{"type":"b"}\n{"type":"c"') == [
         {"type": "a", "n": 1},
         {"type": "b"},  # two bad lines skipped
@@ -138,12 +140,12 @@ def test_lines_frame_messages_and_bad_ones_are_skipped_or_refused(
     assert lines.feed(b'2}\n{"type":"d"}\n') == [{"type": "c", "n": 2}, {"type": "d"}]
     assert lines.feed(b"") == []
     with pytest.raises(ValueError):  # a whole line over the limit
-        routerlink.Lines().feed(b'{"type":"x","pad":"' + b"y" * 100 + b'"}\n')
-    unended = routerlink.Lines()
+        framing.Lines().feed(b'{"type":"x","pad":"' + b"y" * 100 + b'"}\n')
+    unended = framing.Lines()
     assert unended.feed(b'{"type":"x","pad":"' + b"y" * 40) == []
     with pytest.raises(ValueError):  # a line that has not ended but is over the limit already
         unended.feed(b"y" * 40)
-    assert routerlink.decode(routerlink.encode({"type": "t", "é": "ü"})) == {"type": "t", "é": "ü"}
+    assert framing.decode(framing.encode({"type": "t", "é": "ü"})) == {"type": "t", "é": "ü"}
 
 
 def test_every_answer_and_an_acquire_cross_the_link_unchanged() -> None:
@@ -168,16 +170,16 @@ def test_every_answer_and_an_acquire_cross_the_link_unchanged() -> None:
         {"type": "router.release", "lease_id": "abc-1"},
     ]
     for message in messages:
-        line = routerlink.encode(message)
+        line = framing.encode(message)
         assert line.endswith(b"\n") and line.count(b"\n") == 1
-        back = routerlink.decode(line[:-1])
+        back = framing.decode(line[:-1])
         expected = {k: list(v) if isinstance(v, tuple) else v for k, v in message.items()}
         assert back == expected
         assert [type(v) for v in back.values()] == [type(v) for v in expected.values()]
-    assert routerlink.decode(b'{"type":"x","s":"\xff"}') is None  # not UTF-8: not a message
-    assert routerlink.decode(b'{"type":"x","n":NaN}') is None  # not JSON
+    assert framing.decode(b'{"type":"x","s":"\xff"}') is None  # not UTF-8: not a message
+    assert framing.decode(b'{"type":"x","n":NaN}') is None  # not JSON
     with pytest.raises(TypeError):
-        routerlink.encode({"type": "x", "when": object()})
+        framing.encode({"type": "x", "when": object()})
 
 
 async def test_a_line_over_the_limit_closes_the_connection_and_loses_its_peer(
@@ -187,7 +189,7 @@ async def test_a_line_over_the_limit_closes_the_connection_and_loses_its_peer(
     raw.send(acquire("kept", "m1"))
     await raw.until("kept", "router.granted")
     assert in_flight(host) == {"m1": 1}
-    monkeypatch.setattr(routerlink, "LINE_LIMIT", 64)
+    monkeypatch.setattr(framing, "LINE_LIMIT", 64)
     raw.writer.write(b'{"type":"router.release","pad":"' + b"y" * 100)  # no end in sight
     async with asyncio.timeout(DEADLINE):
         assert await read_message(raw.reader) is None  # the router closed the connection
@@ -207,7 +209,7 @@ async def test_the_socket_is_private_replaces_a_stale_one_and_goes_at_stop(tmp_p
     stale.bind(str(path))  # what a killed router leaves: a socket file nobody listens on
     stale.close()
     host = RouterHost(InMemoryChannelLayer(), state_file=tmp_path / "children.json")
-    host.link = LinkServer(host, Address("unix", str(path)))
+    host.link = LinkServer(host.desk, Address("unix", str(path)))
     await host.start()
     try:
         assert host.link.listening
@@ -225,7 +227,7 @@ async def test_a_file_that_is_not_a_socket_is_never_removed(tmp_path: Path) -> N
     path = tmp_path / "r.sock"
     path.write_text("precious")
     host = RouterHost(InMemoryChannelLayer(), state_file=tmp_path / "children.json")
-    host.link = LinkServer(host, Address("unix", str(path)))
+    host.link = LinkServer(host.desk, Address("unix", str(path)))
     await host.start()
     try:
         assert not host.link.listening  # channels only
@@ -341,7 +343,7 @@ class Watch:
 
 
 async def connect(host: RouterHost) -> Connection:
-    link = routerlink.Link(host.link.address)
+    link = link_client.Link(host.link.address)
     conn = await link.connect(Watch())  # type: ignore[arg-type]
     assert conn is not None and conn.boot == host.boot
     return conn
@@ -368,13 +370,13 @@ async def test_waiters_on_a_connection_that_drops_get_503_at_once(tmp_path: Path
     accepted: list[asyncio.StreamWriter] = []
 
     async def router(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(routerlink.encode({"type": "link.hello", "boot": "b1", "protocol": 1}))
+        writer.write(framing.encode({"type": "link.hello", "boot": "b1", "protocol": 1}))
         accepted.append(writer)
         await reader.read()  # never answers
 
     server = await asyncio.start_unix_server(router, path=str(path))
     try:
-        link = routerlink.Link(Address("unix", str(path)))
+        link = link_client.Link(Address("unix", str(path)))
         conn = await link.connect(Watch())  # type: ignore[arg-type]
         assert conn is not None
         client = Linked(Layer(InMemoryChannelLayer()))
@@ -404,7 +406,7 @@ async def test_waiters_on_a_connection_that_drops_get_503_at_once(tmp_path: Path
 async def test_a_failed_connect_backs_off_and_the_channel_path_serves_meanwhile(
     tmp_path: Path,
 ) -> None:
-    link = routerlink.Link(Address("unix", str(tmp_path / "nobody.sock")))
+    link = link_client.Link(Address("unix", str(tmp_path / "nobody.sock")))
     assert await link.connect(Watch()) is None  # type: ignore[arg-type]
     first = link._retry_at
     assert first > time.monotonic()
@@ -417,7 +419,7 @@ async def test_waiters_get_503_when_the_heartbeat_says_the_router_froze(tmp_path
     path = tmp_path / "frozen.sock"
 
     async def router(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(routerlink.encode({"type": "link.hello", "boot": "b1", "protocol": 1}))
+        writer.write(framing.encode({"type": "link.hello", "boot": "b1", "protocol": 1}))
         await reader.read()
 
     class Freezing(Watch):
@@ -432,7 +434,7 @@ async def test_waiters_get_503_when_the_heartbeat_says_the_router_froze(tmp_path
     server = await asyncio.start_unix_server(router, path=str(path))
     try:
         watch = Freezing()
-        conn = await routerlink.Link(Address("unix", str(path))).connect(watch)  # type: ignore[arg-type]
+        conn = await link_client.Link(Address("unix", str(path))).connect(watch)  # type: ignore[arg-type]
         assert conn is not None
         client = Linked(Layer(InMemoryChannelLayer()))
         wait = asyncio.ensure_future(client.over(conn, Ask("m", "f", "t")))
@@ -459,22 +461,22 @@ def test_the_unix_socket_of_this_host_else_the_tcp_address_is_used(settings: Any
         return type("W", (), {"beat": beat})()
 
     unix, tcp = Address("unix", "/x/router.sock"), Address("tcp", host="10.0.0.2", port=7070)
-    assert routerlink.reachable(watch_of("unix:/x/router.sock", here)) == unix
-    assert routerlink.reachable(watch_of("unix:/x/router.sock", "elsewhere")) is None
-    assert routerlink.reachable(watch_of("unix:/x/router.sock", here, "tcp:10.0.0.2:7070")) == unix
+    assert link_client.reachable(watch_of("unix:/x/router.sock", here)) == unix
+    assert link_client.reachable(watch_of("unix:/x/router.sock", "elsewhere")) is None
+    assert link_client.reachable(watch_of("unix:/x/router.sock", here, "tcp:10.0.0.2:7070")) == unix
     assert (
-        routerlink.reachable(watch_of("unix:/x/router.sock", "elsewhere", "tcp:10.0.0.2:7070"))
+        link_client.reachable(watch_of("unix:/x/router.sock", "elsewhere", "tcp:10.0.0.2:7070"))
         == tcp
     )
-    assert routerlink.reachable(watch_of("tcp:10.0.0.2:7070", here)) is None  # not a socket
-    assert routerlink.reachable(watch_of("", here)) is None  # an older router: channels
+    assert link_client.reachable(watch_of("tcp:10.0.0.2:7070", here)) is None  # not a socket
+    assert link_client.reachable(watch_of("", here)) is None  # an older router: channels
     settings.ROUTERPANEL_ROUTER_LINK_VIA = "tcp"  # a container without the data volume
-    routerlink._reachable.clear()
-    assert routerlink.reachable(watch_of("unix:/x/router.sock", here, "tcp:10.0.0.2:7070")) == tcp
+    link_client._reachable.clear()
+    assert link_client.reachable(watch_of("unix:/x/router.sock", here, "tcp:10.0.0.2:7070")) == tcp
     settings.ROUTERPANEL_ROUTER_LINK = False
-    routerlink._reachable.clear()
-    assert routerlink.reachable(watch_of("unix:/x/router.sock", here, "tcp:10.0.0.2:7070")) is None
-    routerlink._reachable.clear()
+    link_client._reachable.clear()
+    assert link_client.reachable(watch_of("unix:/x/router.sock", here, "tcp:10.0.0.2:7070")) is None
+    link_client._reachable.clear()
 
 
 def test_a_tcp_address_prints_an_ipv6_host_in_brackets() -> None:
@@ -491,8 +493,8 @@ def test_a_tcp_address_prints_an_ipv6_host_in_brackets() -> None:
 async def tcp_host(tmp_path: Path) -> AsyncIterator[RouterHost]:
     await sync_to_async(save_two_sim_presets)()
     host = RouterHost(InMemoryChannelLayer(), state_file=tmp_path / "children.json")
-    unix = Address("unix", str(routerlink.socket_path(tmp_path)))
-    host.link = LinkServer(host, unix, Address("tcp", host="127.0.0.1", port=0))
+    unix = Address("unix", str(framing.socket_path(tmp_path)))
+    host.link = LinkServer(host.desk, unix, Address("tcp", host="127.0.0.1", port=0))
     await host.start()
     assert host.link.tcp_link.startswith("tcp:127.0.0.1:")
     yield host
@@ -502,7 +504,7 @@ async def tcp_host(tmp_path: Path) -> AsyncIterator[RouterHost]:
 async def test_a_web_process_that_knows_the_key_acquires_over_tcp(tcp_host: RouterHost) -> None:
     address = Address.parse(tcp_host.link.tcp_link)
     assert address is not None
-    conn = await routerlink.Link(address).connect(Watch())  # type: ignore[arg-type]
+    conn = await link_client.Link(address).connect(Watch())  # type: ignore[arg-type]
     assert conn is not None and conn.boot == tcp_host.boot
     client = Linked(Layer(InMemoryChannelLayer()))
     grant = await client.over(conn, Ask("m1", "tcp-1", "t"))
@@ -521,16 +523,16 @@ async def test_a_tcp_peer_without_the_key_is_refused_before_any_message(
     reader, writer = await asyncio.open_connection(address.host, address.port)
     hello = await read_message(reader)
     assert hello is not None and hello["type"] == "link.hello" and len(hello["nonce"]) == 32
-    wrong = routerlink.proof(routerlink.link_key("another installation's key"), hello["nonce"])
-    writer.write(routerlink.encode({"type": "link.auth", "proof": wrong}))
-    writer.write(routerlink.encode(acquire("sneaky", "m1")))
+    wrong = framing.proof(framing.link_key("another installation's key"), hello["nonce"])
+    writer.write(framing.encode({"type": "link.auth", "proof": wrong}))
+    writer.write(framing.encode(acquire("sneaky", "m1")))
     async with asyncio.timeout(DEADLINE):
         assert await read_message(reader) is None  # closed, nothing answered
     writer.close()
     # no proof at all: the first line is an acquire
     reader, writer = await asyncio.open_connection(address.host, address.port)
     await read_message(reader)
-    writer.write(routerlink.encode(acquire("sneakier", "m1")))
+    writer.write(framing.encode(acquire("sneakier", "m1")))
     async with asyncio.timeout(DEADLINE):
         assert await read_message(reader) is None
     writer.close()
@@ -544,7 +546,7 @@ async def test_a_web_process_with_another_key_backs_off_to_the_channel_layer(
     address = Address.parse(tcp_host.link.tcp_link)
     assert address is not None
     settings.SECRET_KEY = "not the router's secret key, but long enough to pass"
-    link = routerlink.Link(address)
+    link = link_client.Link(address)
     assert await link.connect(Watch()) is None  # type: ignore[arg-type]
     assert link._retry_at > time.monotonic()  # backs off; the channel layer serves meanwhile
     await until(lambda: tcp_host.link.refused == 1, "refused")

@@ -1,7 +1,7 @@
 """Team mode's router connection under kill -9 (issue 16.2): real processes, PostgreSQL, Redis.
 
 ``runrouter`` and ``serve --no-router`` as a user runs them; acquire/renew/release/cancel go
-over the socket the router advertises in its heartbeat (routerlink.py). Redis is the shared
+over the socket the router advertises in its heartbeat (routing/link_client.py). Redis is the shared
 one (these tests never stop it), under a key prefix of the test's own.
 """
 

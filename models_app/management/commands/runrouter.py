@@ -1,8 +1,8 @@
 """``manage.py runrouter``: the router alone, for team mode (DESIGN §2).
 
 It hosts the engine and the Channels worker for channel ``router`` on the Redis layer, and
-listens on a Unix socket in its data dir for the web processes' data path (routerlink.py), and
-on TCP for web processes on other hosts (``--link-port``; by default when ``--advertise`` is not
+listens on a Unix socket in its data dir for the web processes' data path (routing/link_server.py),
+and on TCP for web processes on other hosts (``--link-port``; by default when ``--advertise`` is not
 loopback), while ``serve --no-router`` processes answer HTTP. One router per data dir and per
 installation: ``locks.RouterLock`` refuses a second one with a message naming the first, and
 takes over at once from one that was killed (``kill -9``). It outlives Redis: the listener, the
