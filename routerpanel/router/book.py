@@ -4,9 +4,11 @@
 FIFO ``WaitQueue`` (waitqueue.py), the granted requests and their owners, each owner's recent
 use (fairshare.py), the reservations, the settle gate — and the decisions gathered during one
 input. Its helpers are the one choke point for state changes (``set_state``) and the only way
-decisions are emitted. Pure: no I/O, no clock. ``scheduler.Scheduler`` owns a book and an
-``admission.Admission`` that runs the admission rules over it; both read and write the book
-through these names, and the book knows neither.
+decisions are emitted. Pure: no I/O, no clock. ``scheduler.Scheduler`` owns a book and the
+parts that work on it: ``admission.Admission`` runs the admission rules over it,
+``arrivals.Arrivals`` takes requests in and out, ``children.Children`` mirrors what a child
+reports, ``reconcile.reconcile`` applies a reload. They read and write the book through these
+names, and the book knows none of them.
 """
 
 from __future__ import annotations
@@ -248,24 +250,6 @@ class Book:
             self.set_state(m, FAILED, f"load failed with exit code {exit_code}")
         text = f"model name={m.spec.name} failed to load"
         self.cancel_entry(m.spec.name, 500, "server_error", text, details=tail)
-
-    def remove(self, m: ModelRecord, now: float, actor: str) -> None:
-        name = m.spec.name
-        m.removed = True
-        self.cancel_entry(name, 400, "invalid_request_error", f"model '{name}' not found")
-        if m.state not in RUNNING:
-            del self.models[name]
-        elif not m.stopping and m.in_flight > 0:
-            m.drain_then = StopReason.REMOVED
-        elif not m.stopping:
-            self.stop(m, StopReason.REMOVED, Trigger(actor), now)  # loaded -> loaded+stopping
-
-    def restart(self, m: ModelRecord, now: float, actor: str) -> None:
-        self.queue.hold(m.spec.name, now, actor)
-        if m.in_flight > 0:
-            m.drain_then = StopReason.RELOAD  # no new requests; stop when the last one ends
-        else:
-            self.stop(m, StopReason.RELOAD, Trigger(actor), now)  # loaded -> loaded+stopping
 
     def ttl_candidates(self) -> list[ModelRecord]:
         return [m for m in self.models.values() if m.spec.ttl is not None and self.ttl_applies(m)]

@@ -5,7 +5,9 @@ failed loads) and the FIFO queue (one entry per model; its waiters share it, A2)
 never logs, sleeps or reads a clock: every input takes ``now`` (monotonic seconds) and returns
 ``list[Decision]`` (decisions.py) in the order things happened. One owner calls it; no locks.
 It owns a ``Book`` (book.py: the table, the queue, one input's decisions) and an ``Admission``
-(admission.py: A1-A12 over that book), and runs admission at the end of each input.
+(admission.py: A1-A12 over that book), and runs admission at the end of each input. Its parts
+work on that book: ``Arrivals`` (arrivals.py: a request's way in, rules (1)-(9), and out),
+``Children`` (children.py: what a child reports) and ``reconcile`` (reconcile.py: a reload, A14).
 
 Inputs (all keyword ``now``):
   request_arrived(request_id, model, actor=, kind=)  a proxy request or a load (A9) wants a model
@@ -79,26 +81,24 @@ Semantics decided here:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
 
 from routerpanel.router.admission import Admission
+from routerpanel.router.arrivals import Arrivals
 from routerpanel.router.book import (
     QUEUE_VIEW_REQUESTS,
     RETRY_AFTER,
     WATCHDOG_ACTOR,
     Book,
-    ModelRecord,
     NotRunningError,
     UnknownModelError,
 )
+from routerpanel.router.children import Children, ChildState
 from routerpanel.router.config import PresetSpec, QueuePolicy, RouterConfig, preset_map
 from routerpanel.router.decisions import (
     SCHEDULER_ACTOR,
     Decision,
     ModelView,
-    PresetsReloaded,
     Priority,
     QueueChanged,
     QueueEntryView,
@@ -108,24 +108,13 @@ from routerpanel.router.decisions import (
     WaiterView,
     priority_of,
 )
-from routerpanel.router.states import (
-    DOWN,
-    FAILED,
-    LOADED,
-    LOADING,
-    QUARANTINED,
-    RUNNING,
-    SLEEPING,
-    STUCK,
-    UNLOADED,
-)
+from routerpanel.router.reconcile import reconcile
+from routerpanel.router.states import LOADED, RUNNING
 
 __all__ = [
     "QUEUE_VIEW_REQUESTS", "RETRY_AFTER", "WATCHDOG_ACTOR", "ChildState", "NotRunningError",
     "Scheduler", "UnknownModelError",
 ]  # fmt: skip
-
-ChildState = Literal["loading", "ready", "sleeping"]
 
 
 class Scheduler:
@@ -134,6 +123,8 @@ class Scheduler:
     def __init__(self, presets: Iterable[PresetSpec], config: RouterConfig) -> None:
         self._book = Book(presets, config)  # the table, the queue, one input's decisions
         self._admission = Admission(self._book)  # A1-A12, run at the end of each input
+        self._arrivals = Arrivals(self._book)  # a request's way in (1)-(9) and out
+        self._children = Children(self._book)  # what a child reports: state, exit, S6, hung
 
     # ---- read-only ---------------------------------------------------------------------------
 
@@ -198,33 +189,19 @@ class Scheduler:
         priority: Priority | str = Priority.NORMAL,
         patient: bool = False,
     ) -> list[Decision]:
-        """Admit, queue or reject one request; ``priority`` is its key's class (fair policy);
-        ``patient``: it waits even when no slot can free up (8b).
-
-        (1) Unknown (or removed) model: 400 ``model '<x>' not found``; a load gets 404.
-        (2) Shutting down: 503.
-        (3) A load of a running model that is not stopping: 400 ``model is already running``.
-        (4) A load of a quarantined model lifts the quarantine for one more try (A10).
-        (5) A proxy request for a quarantined model fails fast: 500 (A10).
-        (6) A stuck model: 503 (S6).
-        (6b) A crash-looping model in its back-off: a load clears it; a proxy request gets 503
-             with Retry-After until the back-off ends (backoff.py).
-        (7) Loaded or sleeping, not stopping, not draining: Grant at once (A1, A12).
-        (8) The model's entry already has max_waiters: 503 with Retry-After (A8).
-        (8b) Every slot is held by a model only an operator can stop (pinned, reserved, stuck)
-             and the request is not patient: 503 at once with the reason (blocked.py).
-        (9) Otherwise join the model's entry, at the tail if new (A2); admission follows.
-        """
-        if self._book.queue.holds(request_id) or request_id in self._book.granted:
+        """Admit, queue or reject one request by the rules (1)-(9) of ``Arrivals.arrive``;
+        ``priority`` is its key's class (fair policy); ``patient``: it waits even when no slot
+        can free up (8b)."""
+        if self._arrivals.in_use(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
         waiter = WaiterView(request_id, kind, actor, now, priority_of(priority), patient)
         m = self._book.models.get(model)
-        if m is not None and self._grants_at_once(m, kind):  # (7) on an empty queue
+        if m is not None and self._arrivals.at_once(m, kind):  # (7) on an empty queue
             self._book.begin(queue_empty=True)
             self._book.grant(waiter, m, now)
             return self._book.taken()
         self._book.begin()
-        self._arrive(waiter, model, now)
+        self._arrivals.arrive(waiter, model, now)
         return self._end(now)
 
     def grant_at_once(
@@ -243,70 +220,13 @@ class Scheduler:
         each other on every arrival that takes this way.
         """
         m = self._book.models.get(model)
-        if m is None or not self._grants_at_once(m, RequestKind.PROXY):
+        if m is None or not self._arrivals.at_once(m, RequestKind.PROXY):
             return False
-        if self._book.queue.holds(request_id) or request_id in self._book.granted:
+        if self._arrivals.in_use(request_id):
             return False  # request_arrived says why
         waiter = WaiterView(request_id, RequestKind.PROXY, actor, now, priority_of(priority))
         self._book.hold(waiter, m, now)
         return True
-
-    def _grants_at_once(self, m: ModelRecord, kind: RequestKind) -> bool:
-        """The hot path: a proxy request for a model that serves, nothing queued, not closing.
-
-        (1)-(6b) cannot apply to such a model, and admission after the grant has nothing to do:
-        a grant frees nothing and the queue stays empty (no queue event either).
-        """
-        return (
-            kind is RequestKind.PROXY
-            and not self._book.queue
-            and not self._book.closing
-            and not m.removed
-            and self._book.serving(m)
-        )
-
-    def _arrive(self, w: WaiterView, name: str, now: float) -> None:
-        m = self._book.models.get(name)
-        load = w.kind is RequestKind.LOAD
-        if (m is None or m.removed) and load:  # (1)
-            return self._book.reject(w, name, 404, "not_found_error", "model is not found")
-        if m is None or m.removed:  # (1)
-            return self._book.reject(
-                w, name, 400, "invalid_request_error", f"model '{name}' not found"
-            )
-        if self._book.closing:  # (2)
-            return self._book.reject(w, name, 503, "unavailable_error", "router is shutting down")
-        if load and m.state in RUNNING and not m.stopping:  # (3)
-            return self._book.reject(
-                w, name, 400, "invalid_request_error", "model is already running"
-            )
-        if load and m.state is QUARANTINED:  # (4) one more failure quarantines it again
-            m.failures = max(0, self._book.config.quarantine_after - 1)
-            # quarantined -> unloaded (retried by an explicit load, A10)
-            self._book.set_state(m, UNLOADED, f"quarantine lifted by a load from {w.actor}")
-        if m.state is QUARANTINED:  # (5) A10: fail fast, no spawn
-            text = f"model name={name} failed to load (quarantined after {m.failures} "
-            text += "consecutive failures: edit the preset or load it explicitly)"
-            return self._book.reject(w, name, 500, "server_error", text, details=m.log_tail)
-        if m.state is STUCK:  # (6)
-            text = self._book.stuck_text(name)
-            return self._book.reject(w, name, 503, "unavailable_error", text, RETRY_AFTER)
-        if load and m.crashes.strikes:  # (6b) an explicit load resets the back-off
-            m.crashes.clear()
-        left = m.crashes.remaining(now) if m.state in DOWN else None
-        if left is not None:  # (6b)
-            text = self._book.backoff_text(m, left)
-            return self._book.reject(w, name, 503, "unavailable_error", text, math.ceil(left))
-        if self._book.serving(m):  # (7) A1
-            return self._book.grant(w, m, now)
-        entry = self._book.queue.entry_for(name)
-        limit = self._book.config.max_waiters
-        if entry is not None and limit is not None and len(entry.waiters) >= limit:  # (8) A8
-            text = f"too many requests are waiting for model name={name} (max_waiters={limit})"
-            return self._book.reject(w, name, 503, "unavailable_error", text, RETRY_AFTER)
-        if not w.patient and m.state not in RUNNING and (why := self._book.blocked(name)):  # (8b)
-            return self._book.reject(w, name, 503, "unavailable_error", why)
-        self._book.queue.join(w, name, now)  # (9) A2
 
     def request_finished(self, request_id: str, *, now: float) -> list[Decision]:
         """Release a granted proxy request; a waiting one leaves instead (A7).
@@ -318,27 +238,13 @@ class Scheduler:
         """
         quiet = self._finishes_quietly()
         self._book.begin(queue_empty=quiet)
-        self._finish(request_id, now)
+        self._arrivals.finish(request_id, now)
         if quiet and min(self._admission.room(set())) >= 0:
             return self._book.taken()
         return self._end(now)
 
-    def _finishes_quietly(self) -> bool:
+    def _finishes_quietly(self) -> bool:  # the property machine's twin turns it off
         return not self._book.queue and self._book.settle_since is None
-
-    def _finish(self, request_id: str, now: float) -> None:
-        if self._book.queue.holds(request_id):
-            self._book.queue.leave(request_id)
-        name = self._book.granted.pop(request_id, None)
-        if (owner := self._book.holders.pop(request_id, None)) is not None:
-            self._book.use.release(owner, now)
-        m = self._book.models.get(name) if name is not None else None
-        if m is not None:
-            m.in_flight -= 1
-            m.last_used = now  # §15.26: finishing is use too
-            if m.in_flight == 0 and m.drain_then is not None and not m.stopping:
-                # loaded -> loaded+stopping (drained for a reload or removal, A14)
-                self._book.stop(m, m.drain_then, Trigger(SCHEDULER_ACTOR), now)
 
     def waiter_left(self, request_id: str, *, now: float) -> list[Decision]:
         """Remove a waiter whose client went away (A7); a granted request is finished instead."""
@@ -350,18 +256,7 @@ class Scheduler:
 
     def child_state(self, model: str, state: ChildState, *, now: float) -> list[Decision]:
         """Mirror a child's state line; lines that fit no edge are ignored (llama.cpp aborts)."""
-        m = self._book.known(model)
-        self._book.begin()
-        if state == "ready" and m.state in (LOADING, SLEEPING):
-            self._book.charge_load(model, now)
-            m.failures, m.last_used = 0, now
-            if m.ready_at is None:
-                m.ready_at = now
-            self._book.set_state(m, LOADED, "child ready")  # loading|sleeping -> loaded
-        elif state == "sleeping" and m.state is LOADED:
-            self._book.set_state(m, SLEEPING, "child went to sleep")  # loaded -> sleeping (A12)
-        elif state == "loading" and m.state is SLEEPING:
-            self._book.set_state(m, LOADING, "child waking up")  # sleeping -> loading
+        self._children.state(model, state, now)
         return self._end(now)
 
     def child_ready(self, model: str, *, now: float) -> list[Decision]:
@@ -372,68 +267,22 @@ class Scheduler:
         self, model: str, *, now: float, exit_code: int | None, log_tail: Sequence[str] = ()
     ) -> list[Decision]:
         """Record a reaped child: its slot is free now (A6); a failed load answers 500 (A10)."""
-        m = self._book.known(model)
-        if m.state not in RUNNING:
-            raise ValueError(f"model {model!r} has no child to exit (state {m.state})")
-        self._book.begin()
-        self._book.charge_load(model, now)
-        tail = tuple(log_tail)
-        if m.stop_reason is StopReason.HUNG:
-            m.log_tail = tail
-            # loaded|sleeping|stuck -> failed (killed by the watchdog: it stopped responding)
-            self._book.set_state(m, FAILED, "killed: it stopped responding")
-            self._book.crashed(m, now, "killed: it stopped responding")
-        elif m.stop_reason is not None:  # asked to stop: a clean unload, whatever the code
-            self._book.set_state(m, UNLOADED, f"stopped ({m.stop_reason})")  # running -> unloaded
-        elif m.state is LOADING:
-            self._book.failed_load(m, exit_code, tail)
-        else:
-            m.log_tail = tail
-            to = UNLOADED if exit_code == 0 else FAILED
-            # loaded|sleeping|stuck -> failed (or unloaded on code 0): it exited unasked
-            self._book.set_state(m, to, f"child exited with code {exit_code}")
-            self._book.crashed(m, now, f"exit code {exit_code}")
-        m.stop_reason = m.drain_then = m.ready_at = None
-        if m.removed:
-            del self._book.models[model]
-        if self._book.config.memory_budget is not None:  # the settle gate closes (memory mode)
-            self._book.settle_since, self._book.available = now, None
+        self._children.exited(model, now, exit_code, log_tail)
         return self._end(now)
 
     def child_stuck(self, model: str, *, now: float) -> list[Decision]:
         """Keep a child that survived SIGKILL counted (S6); its waiters fail fast."""
-        m = self._book.known(model)
-        if m.state not in RUNNING:
-            raise ValueError(f"model {model!r} has no child to be stuck (state {m.state})")
-        self._book.begin()
-        m.drain_then = None
-        self._book.set_state(m, STUCK, "survived SIGKILL", stopping=True)  # running -> stuck
-        self._book.cancel_entry(
-            model, 503, "unavailable_error", self._book.stuck_text(model), RETRY_AFTER
-        )
+        self._children.stuck(model)
         return self._end(now)
 
     def child_hung(self, model: str, *, now: float) -> list[Decision]:
-        """Kill a child the watchdog found busy without progress; its slot frees at the exit.
-
-        Idempotent while it is already stopping. The exit makes it ``failed`` and counts as a
-        crash-loop strike, so a child that hangs on every request is not respawned at once.
-        """
-        m = self._book.known(model)
-        self._book.begin()
-        if m.state in RUNNING and not m.stopping:
-            # loaded|sleeping -> +stopping (hung: SIGKILL at once, a hung child reads no stdin)
-            self._book.stop(
-                m, StopReason.HUNG, Trigger(WATCHDOG_ACTOR, queue_depth=self._book.depth()), now
-            )
+        """Kill a child the watchdog found busy without progress (``Children.hung``)."""
+        self._children.hung(model, now)
         return self._end(now)
 
     def backoff_if_died(self, model: str, *, now: float) -> float | None:
         """The crash-loop back-off ``model``'s child would bring if it died now (None: none)."""
-        m = self._book.known(model)
-        if m.ready_at is None:
-            return None
-        return m.crashes.next_delay(uptime=now - m.ready_at)
+        return self._children.backoff_if_died(model, now)
 
     def unload(self, model: str, *, now: float, actor: str) -> list[Decision]:
         """Stop the model now, busy or not; idempotent while it is already stopping."""
@@ -481,40 +330,11 @@ class Scheduler:
         A removed model's waiters get 400 ``not found``; its child is stopped once idle. A changed
         running model drains, stops and is spawned again through a held queue entry. Any reload
         clears ``failed`` (llama.cpp 2.21); an edited preset also lifts a quarantine (A10).
+        The rules are reconcile.py's.
         """
         new = preset_map(presets)
         self._book.begin()
-        removed = [
-            name for name, m in self._book.models.items() if name not in new and not m.removed
-        ]
-        for name in removed:
-            self._book.remove(self._book.models[name], now, actor)
-        added: list[str] = []
-        changed: list[str] = []
-        restarted: list[str] = []
-        for name, spec in new.items():
-            m = self._book.models.get(name)
-            if m is None:
-                self._book.models[name] = ModelRecord(spec)
-                added.append(name)
-                continue
-            if m.removed:  # back before its old child exited: keep it
-                m.removed = False
-                m.drain_then = None if m.drain_then is StopReason.REMOVED else m.drain_then
-            old, m.spec = m.spec, spec
-            if m.state is FAILED:
-                self._book.set_state(m, UNLOADED, "reload clears failed")  # failed -> unloaded
-            if spec == old:
-                continue
-            changed.append(name)
-            m.failures = 0
-            if m.state is QUARANTINED:
-                self._book.set_state(m, UNLOADED, "preset edited")  # quarantined -> unloaded (A10)
-            if spec.command != old.command and m.state in RUNNING and not m.stopping:
-                self._book.restart(m, now, actor)
-                restarted.append(name)
-        lists = (tuple(added), tuple(removed), tuple(changed), tuple(restarted))
-        self._book.emit(PresetsReloaded(actor, *lists))
+        reconcile(self._book, new, now, actor)
         return self._end(now)
 
     def settings_changed(self, config: RouterConfig, *, now: float) -> list[Decision]:
