@@ -5,7 +5,8 @@ read state between two commands. It owns its parts, each with its own state and 
 it is built, what it uses of the others (parts.py): the ``Inbox`` takes one command at a time
 and feeds the pure ``Scheduler``; the ``Effects`` carry the decisions out through the
 ``Supervisor`` and mirror its reports; the ``HangWatch`` probes busy children; ``Lifecycle``
-starts and stops them. Beside them: the preset table, the callers' book, feed, facts, timer.
+starts and stops them; ``Reservations`` loads newly reserved models in advance. Beside them:
+the preset table, the callers' book, feed, facts, timer.
 
 Call everything from the event loop the engine was started on. ``renew`` is the one method that
 writes without a round trip: it only moves a lease deadline, which the loop re-reads on a tick.
@@ -15,7 +16,6 @@ Tests use a fake clock, ``clock_changed()`` and ``until_idle()`` instead of slee
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 import uuid
@@ -38,12 +38,12 @@ from routerpanel.router.parts import Post, Prober, wall_clock
 from routerpanel.router.preflight import Checks, Preflight
 from routerpanel.router.preflight import check as preflight_check
 from routerpanel.router.presettable import PresetTable
+from routerpanel.router.reservations import RESERVATION_ACTOR, Reservations
 from routerpanel.router.scheduler import Scheduler
 from routerpanel.router.states import RUNNING
 from routerpanel.router.timer import Timer
 
-log = logging.getLogger(__name__)
-RESERVATION_ACTOR = "reservation"  # who loads a reserved model in advance (issue 17.6)
+__all__ = ["RESERVATION_ACTOR", "Engine"]
 
 
 class Engine:
@@ -96,7 +96,9 @@ class Engine:
             callers=self._callers, sample_soon=sample_soon, state_file=state_file,
             memory_interval=memory_interval,
         )  # fmt: skip
-        self._preloads: set[asyncio.Task[None]] = set()  # reservations' loads in advance
+        self._reservations = Reservations(
+            inbox=self._inbox, resolve=self.resolve, runs=self._runs, load=self.load
+        )  # the loads in advance of newly reserved models
 
     def _post(self, command: commands.Command) -> None:
         """Into the inbox; never blocks (the parts and the supervisor post through it)."""
@@ -298,22 +300,7 @@ class Engine:
         actor ``reservation``, through the queue like any load (A9): unload before load and
         models_max hold. Returns ``reserved``, ``loading`` (the loads started) and ``unknown``.
         """
-        reserved: dict[str, frozenset[str]] = {}
-        unknown: list[str] = []
-        for model, owners in reservations.items():
-            name = self.resolve(model)
-            if name is None:
-                unknown.append(model)
-                continue
-            reserved[name] = reserved.get(name, frozenset()) | frozenset(owners)
-        result: asyncio.Future[list[str]] = self._inbox.future()
-        added = await self._inbox.call(commands.SetReservations(reserved, actor, result), result)
-        loading = [name for name in added if not self._runs(name)]
-        for name in loading:
-            task = asyncio.create_task(self._load_reserved(name), name=f"reservation {name}")
-            self._preloads.add(task)
-            task.add_done_callback(self._preloads.discard)
-        return {"reserved": sorted(reserved), "loading": loading, "unknown": sorted(unknown)}
+        return await self._reservations.replace(reservations, actor)
 
     def _runs(self, name: str) -> bool:
         view = self._scheduler.model(name)
@@ -330,12 +317,6 @@ class Engine:
                 "request_id": request_id, "kind": kind}  # fmt: skip
         self.note(Event.MODEL_REFUSED, data)
         raise RouterError(503, "unavailable_error", problem)
-
-    async def _load_reserved(self, name: str) -> None:
-        try:
-            await self.load(name, actor=RESERVATION_ACTOR)
-        except RouterError as exc:  # already running, shutting down, a full queue: logged
-            log.info("reserved model %s was not loaded in advance: %s", name, exc.message)
 
     def snapshot(self) -> dict[str, Any]:
         """Return the whole state, JSON-able; events after its ``seq`` update it."""

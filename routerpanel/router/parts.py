@@ -4,15 +4,17 @@ The engine (engine.py) owns its parts and hands each, in its constructor, only w
 the effects (effects.py) carry out decisions, the hang watch (hangs.py) probes busy children,
 the inbox (inbox.py) takes one command at a time. They see each other through the protocols
 here, never through a class or a private attribute: the hang watch and the inbox see the
-effects as an ``Actuator``, the inbox sees the hang watch as a ``Watch``. This module imports
-no part, so no part imports another.
+effects as an ``Actuator``, the inbox sees the hang watch as a ``Watch``, the reservations
+(reservations.py) see the inbox as ``Calls``. This module imports no part, so no part imports
+another.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from routerpanel.router import commands, supervisor, watchdog
 from routerpanel.router.address import ChildAddress
@@ -23,6 +25,7 @@ Post = Callable[[commands.Command], None]  # into the inbox; never blocks
 Prober = Callable[[ChildAddress, float], Awaitable[watchdog.Reading | None]]
 Emit = Callable[[Event, Mapping[str, Any]], object]  # publish one event (feed.Feed.publish)
 Clock = Callable[[], float]  # monotonic seconds
+T = TypeVar("T")
 
 
 class Actuator(Protocol):
@@ -51,6 +54,18 @@ class Actuator(Protocol):
     def on_ready(self, ev: supervisor.ChildReady) -> None: ...
     def on_stuck(self, ev: supervisor.ChildStuck) -> None: ...
     def on_exited(self, ev: supervisor.ChildExited) -> None: ...
+
+
+class Calls(Protocol):
+    """The inbox, as the reservations use it: post a command and await its answer."""
+
+    def future(self) -> asyncio.Future[Any]:
+        """A future for a command's answer; raises 503 while the engine closes."""
+        ...
+
+    async def call(self, command: commands.Command, future: asyncio.Future[T]) -> T:
+        """Post ``command`` and await its answer."""
+        ...
 
 
 class Load(Protocol):
