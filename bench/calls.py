@@ -42,7 +42,11 @@ from bench.common import Client, Processes, Table
 MODEL = "tiny"
 WARMUP = 100
 AREAS = ("engine", "API and bridge", "HTTP server", "Django and Channels", "stdlib", "other")
-SERVER_ADAPTERS = ("/commands/_uvicorn.py", "/commands/_daphne.py", "routerpanel/reactor.py")
+SERVER_ADAPTERS = (
+    "/servers/uvicorn_server.py",
+    "/servers/daphne_server.py",
+    "routerpanel/reactor.py",
+)
 
 
 # ---- the launcher: counts in the served process ----------------------------------------------
@@ -158,7 +162,7 @@ def run(requests: int) -> Table:
         "Calls counted with sys.setprofile in the thread that runs the event loop, from the "
         "first request of the row to shortly after its last, divided by the requests. Areas "
         "split the Python calls by the file of the function called; the HTTP server includes "
-        "our adapters to it (_daphne.py, _uvicorn.py, reactor.py)."
+        "our adapters to it (daphne_server.py, uvicorn_server.py, reactor.py)."
     )
     return table
 

@@ -18,8 +18,9 @@ from django.db.models import Q, QuerySet
 from django.forms.models import construct_instance
 from django.http import HttpRequest
 
-from models_app import audit, edits
+from models_app.audit import records as audit
 from models_app.models import ApiKey, AuditEvent, AuditKind, Preset, RouterSettings
+from models_app.panel import edits
 
 PRESET_KINDS = (AuditKind.PRESET_CREATED, AuditKind.PRESET_CHANGED, AuditKind.PRESET_DELETED)
 

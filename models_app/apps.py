@@ -11,13 +11,11 @@ class ModelsAppConfig(AppConfig):
         # the engine package stays light (DESIGN §3).
         from django.db.models.signals import post_migrate
 
-        from models_app import (
-            checks,  # noqa: F401  (registers the system checks)
-            signin,
-        )
-        from models_app.roles import ensure_groups
+        from models_app import checks  # noqa: F401  (registers the system checks)
+        from models_app.accounts import signin
+        from models_app.accounts.roles import ensure_groups
 
         # The panel's role groups exist after every migrate, without a data migration.
-        post_migrate.connect(ensure_groups, sender=self, dispatch_uid="models_app.roles")
+        post_migrate.connect(ensure_groups, sender=self, dispatch_uid="models_app.accounts.roles")
         signin.connect_signals()  # audit failed and locked-out sign-ins
         from routerpanel import celery  # noqa: F401

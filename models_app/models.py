@@ -21,8 +21,9 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from models_app import runtime, server_options
-from models_app.wording import counted
+from models_app import runtime
+from models_app.panel.wording import counted
+from models_app.presets import server_options
 from routerpanel.router import ini, options, presets
 
 if TYPE_CHECKING:
@@ -363,7 +364,7 @@ class NodeSettings(models.Model):
         return str(self.node)
 
     def clean(self) -> None:
-        from models_app import topology
+        from models_app.routing import topology
 
         try:
             topology.check_name(self.node)

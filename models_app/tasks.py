@@ -28,8 +28,10 @@ from django.db import transaction
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
-from models_app import audit, metrics, nodes, reservations, usage
+from models_app.accounts import reservations, usage
+from models_app.audit import records as audit
 from models_app.models import Preset, RouterSettings
+from models_app.routing import metrics, nodes
 from models_app.routing.client import RouterClient
 from routerpanel.router import gguf, options
 from routerpanel.router.errors import RouterError

@@ -4,7 +4,7 @@ reach Django: the ASGI dispatcher answers them first, so none of these may start
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from models_app.views import (
+from models_app.panel.views import (
     admin_pages,
     audit_log,
     dashboard,

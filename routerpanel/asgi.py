@@ -18,7 +18,7 @@ django_asgi_app = get_asgi_application()
 from django.urls import path  # noqa: E402
 
 from models_app.api import build_http_app  # noqa: E402  (needs the apps loaded)
-from models_app.consumers import DashboardConsumer  # noqa: E402
+from models_app.panel.consumers import DashboardConsumer  # noqa: E402
 from models_app.security import OwnOriginOnly  # noqa: E402
 
 # The panel's one WebSocket: the session's user (AuthMiddlewareStack), from our own origin only

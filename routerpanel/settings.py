@@ -54,7 +54,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_celery_beat",  # scheduled preloads and the periodic jobs, edited in the admin
-    "axes",  # before models_app: its sign-in receivers run before ours (models_app.signin)
+    "axes",  # before models_app: its sign-in receivers run before ours (models_app.accounts.signin)
     "models_app",
 ]
 
@@ -85,7 +85,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "models_app.views.common.panel",
+                "models_app.panel.views.common.panel",
             ],
         },
     },
@@ -151,7 +151,7 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             # channels_redis's core layer whose receive() outlives Redis outages.
-            "BACKEND": "models_app.layers.ResilientRedisLayer",
+            "BACKEND": "models_app.routing.layers.ResilientRedisLayer",
             "CONFIG": {
                 # redis-py 8 times reads out after 5 s by default, exactly channels_redis's
                 # blocking-pop timeout: an idle router would die of "Timeout reading". Give the
@@ -168,7 +168,7 @@ if REDIS_URL:
     }
 else:
     # Channels' in-memory layer that drops what a closed socket leaves (models_app/layers.py).
-    CHANNEL_LAYERS = {"default": {"BACKEND": "models_app.layers.InMemoryLayer"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "models_app.routing.layers.InMemoryLayer"}}
 
 # Embedded mode never talks to a broker (tasks run inline); the in-memory URL names a host only
 # so that kombu does not warn "No hostname was supplied" on every start.
@@ -213,7 +213,7 @@ LOCK_BY_ADDRESS = envbool("ROUTERPANEL_LOGIN_LOCK_BY_ADDRESS", True)
 AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"] if LOCK_BY_ADDRESS else ["username"]
 # Attempts during a lockout do not extend it: it ends a lockout time after the last failure.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
-AXES_LOCKOUT_CALLABLE = "models_app.views.signin.locked_out"
+AXES_LOCKOUT_CALLABLE = "models_app.panel.views.signin.locked_out"
 AXES_DISABLE_ACCESS_LOG = True  # successful sign-ins: Django's last_login is enough
 
 # The panel's own sign-in page; after signing in (or out) people land on the dashboard.

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 # A host name missing from ALLOWED_HOSTS gets a page that says so, not a bare 400.
-handler400 = "models_app.views.signin.bad_request"
+handler400 = "models_app.panel.views.signin.bad_request"
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -58,7 +58,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from models_app import security, usage
+from models_app import security
+from models_app.accounts import usage
 from models_app.api import auth, proxy, routes, scopes, sse, usage_route
 from models_app.api.config import ApiConfig
 from models_app.api.errors import NOT_FOUND, UNAUTHORIZED, ApiError, encoded_error

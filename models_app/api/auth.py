@@ -338,7 +338,7 @@ def configure(keys: Iterable[str]) -> None:
 
 @own_connection
 def record_in_database(count: int, details: dict[str, Any]) -> None:
-    from models_app.audit import record_auth_failures
+    from models_app.audit.records import record_auth_failures
 
     record_auth_failures(count, details)
 

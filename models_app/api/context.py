@@ -9,7 +9,7 @@ import asyncio
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from models_app import usage
+    from models_app.accounts import usage
     from models_app.api import auth, scopes
     from models_app.api.config import ApiConfig
     from models_app.api.request import Request

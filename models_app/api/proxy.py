@@ -41,7 +41,8 @@ from email import policy
 from email.parser import BytesParser
 from typing import TYPE_CHECKING
 
-from models_app import runtime, usage
+from models_app import runtime
+from models_app.accounts import usage
 from models_app.api import jsonbody, waiting
 from models_app.api.errors import NOT_FOUND, ApiError, dumps, encoded_error
 from models_app.api.lease import LeaseKeeper

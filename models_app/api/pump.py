@@ -15,9 +15,10 @@ in order before it takes the sink back. The task itself only waits for the end, 
 a suspended send.
 
 Under ``serve`` both servers also offer ``chunk_now`` in the scope (``request.CHUNK_NOW``;
-_daphne.py, _uvicorn.py): a plain call that writes a piece at once, as ``send`` would, or says
-False where ``send`` would do otherwise. The pump tries it first, which saves the message and the
-coroutine per token; a piece it refuses goes through ``send`` as above.
+servers/daphne_server.py, servers/uvicorn_server.py): a plain call that writes a piece at once,
+as ``send`` would, or says False where ``send`` would do otherwise. The pump tries it first,
+which saves the message and the coroutine per token; a piece it refuses goes through ``send``
+as above.
 """
 
 from __future__ import annotations

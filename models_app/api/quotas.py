@@ -31,7 +31,7 @@ from asgiref.sync import sync_to_async
 
 from models_app.api.errors import ApiError
 from models_app.db import own_connection
-from models_app.wording import counted
+from models_app.panel.wording import counted
 
 log = logging.getLogger(__name__)
 

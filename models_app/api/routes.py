@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from channels.layers import get_channel_layer
 
-from models_app import dashboard_sockets, nodes, runtime
-from models_app import metrics as router_metrics
+from models_app import runtime
 from models_app.api import jsonbody, listing, proxy
 from models_app.api.errors import FEATURE_DISABLED, ApiError, dumps
 from models_app.api.request import Request
+from models_app.panel import dashboard_sockets
+from models_app.routing import metrics as router_metrics
+from models_app.routing import nodes
 from routerpanel.router.config import DEFAULT_STOP_TIMEOUT
 from routerpanel.router.errors import RouterError
 

@@ -42,7 +42,7 @@ QUOTA = "quota_exceeded"
 
 @own_connection
 def record_in_database(kind: str, count: int, details: dict[str, Any]) -> None:
-    from models_app.audit import record_key_refusals
+    from models_app.audit.records import record_key_refusals
 
     record_key_refusals(kind, count, details)
 

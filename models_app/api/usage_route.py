@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
-from models_app import usage
+from models_app.accounts import usage
 from models_app.api.errors import ApiError
 from models_app.db import own_connection
 
@@ -46,7 +46,7 @@ def own_rows_only(actor: str) -> str | None:
     """Whose rows the caller may see: None for everyone's, else the user's own name."""
     from django.contrib.auth import get_user_model
 
-    from models_app.roles import Role, role_of
+    from models_app.accounts.roles import Role, role_of
 
     who, key = usage.split_actor(actor)
     if not key or who == actor:  # anonymous on an open router, or a static key

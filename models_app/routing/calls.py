@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Protocol, assert_never
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from models_app import disk, specs
-from models_app.metrics import Family
+from models_app import disk
+from models_app.presets import specs
 from models_app.routing.messages import (
     AnswerBody,
     Call,
@@ -30,12 +30,13 @@ from models_app.routing.messages import (
     SettingsCall,
     SuccessAnswer,
 )
+from models_app.routing.metrics import Family
 
 if TYPE_CHECKING:
     from collections import Counter
 
-    from models_app.audit_writer import AuditWriter
-    from models_app.metrics import RouterMetrics
+    from models_app.audit.writer import AuditWriter
+    from models_app.routing.metrics import RouterMetrics
     from routerpanel.router.engine import Engine
 
 TRANSPORTS = ("socket", "channel")

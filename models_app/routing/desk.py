@@ -34,7 +34,7 @@ from routerpanel.router.errors import Lease, RouterError, unavailable
 if TYPE_CHECKING:
     from channels.layers import BaseChannelLayer
 
-    from models_app.liveness import Heartbeat
+    from models_app.routing.liveness import Heartbeat
     from routerpanel.router.engine import Engine
 
 log = logging.getLogger(__name__)

@@ -23,17 +23,17 @@ from asgiref.sync import sync_to_async
 from channels.layers import BaseChannelLayer
 from django.conf import settings
 
-from models_app import liveness, nodes, specs, topology
-from models_app.audit_writer import AuditWriter, new_router_id
-from models_app.config_watch import ConfigWatch, read_version
-from models_app.metrics import RouterMetrics
-from models_app.routing import calls, listener, transport, wire
+from models_app.audit.writer import AuditWriter, new_router_id
+from models_app.presets import specs
+from models_app.routing import calls, listener, liveness, nodes, topology, transport, wire
+from models_app.routing.config_watch import ConfigWatch, read_version
 from models_app.routing.desk import Desk
 from models_app.routing.messages import (
     AnswerBody,
     Call,
     EventPayload,
 )
+from models_app.routing.metrics import RouterMetrics
 from routerpanel.router.catalogue import Event
 from routerpanel.router.engine import Engine
 from routerpanel.router.feed import EngineEvent, Subscription

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from channels.layers import BaseChannelLayer, get_channel_layer
 from django.conf import settings
 
-from models_app import liveness, topology
-from models_app.routing import wire
+from models_app.routing import liveness, topology, wire
 from models_app.routing.messages import (
     AcquireAnswer,
     AcquireMessage,
@@ -39,7 +38,7 @@ from models_app.routing.messages import (
 from routerpanel.router.errors import RouterError, unavailable
 
 if TYPE_CHECKING:
-    from models_app.liveness import RouterWatch
+    from models_app.routing.liveness import RouterWatch
     from models_app.routing.transport import Ask, RouterTransport
 
 log = logging.getLogger(__name__)

@@ -31,10 +31,10 @@ from models_app.routing.link import (
     link_key,
     proof,
 )
-from models_app.singleflight import SingleFlight
+from models_app.routing.singleflight import SingleFlight
 
 if TYPE_CHECKING:
-    from models_app.liveness import RouterWatch
+    from models_app.routing.liveness import RouterWatch
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ def startup_note() -> str:
     """``serve --no-router``'s line about the data path, from the router's heartbeat now."""
     from django.conf import settings
 
-    from models_app import liveness
+    from models_app.routing import liveness
 
     if not enabled():
         return "data path to the router: the channel layer (ROUTERPANEL_ROUTER_LINK is off)"

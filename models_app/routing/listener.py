@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from channels.consumer import AsyncConsumer
 from channels.layers import BaseChannelLayer
 
-from models_app import topology
-from models_app.routing import wire
+from models_app.routing import topology, wire
 from models_app.routing.messages import RejectedMessage, ResultMessage
 from routerpanel.router.errors import RouterError, unavailable
 
@@ -28,6 +27,7 @@ class RouterHost(Protocol):
     """What the listener needs of the router host (host.py): its desk."""
 
     desk: Desk
+
 
 log = logging.getLogger(__name__)
 

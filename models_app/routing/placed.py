@@ -14,8 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from models_app import nodes
-from models_app.routing import wire
+from models_app.routing import nodes, wire
 from models_app.routing.layer import Layer
 from models_app.routing.linked import Linked
 from models_app.routing.messages import Call, EventPayload, ReservationsAnswer

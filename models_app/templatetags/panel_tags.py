@@ -11,8 +11,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from models_app import audit_labels
-from models_app.views.common import human_bytes, human_seconds
+from models_app.audit import labels as audit_labels
+from models_app.panel.views.common import human_bytes, human_seconds
 
 register = template.Library()
 

@@ -3,7 +3,7 @@
 A preset's keys are checked against the program that will run it (ROUTER_SPEC 11.10 checks them
 against the router's own ``llama-server``, which is also the child's), so a newer build or a
 fork can be given the options it knows. Pure: the caller runs the program and passes its output
-(``models_app.server_options`` does, cached by path and mtime).
+(``models_app.presets.server_options`` does, cached by path and mtime).
 
 Understood: llama.cpp's ``common_params_print_usage`` layout, one entry per option starting in
 column 0 (``-c,    --ctx-size N   text``, ``(env: LLAMA_ARG_CTX_SIZE)`` somewhere in its

@@ -233,7 +233,7 @@ class TestKeyRoles:
     """Loading and unloading need the operator role, through the API too (issue 6 item 1)."""
 
     async def _key_of(self, username: str, role: str | None) -> str:
-        from models_app.roles import GROUPS, set_role
+        from models_app.accounts.roles import GROUPS, set_role
 
         def make() -> str:
             user = get_user_model().objects.create_user(username, password="pw-for-tests-only")

@@ -9,7 +9,7 @@ from typing import Any
 from channels.layers import InMemoryChannelLayer
 
 from models_app.api.sse import LlamaEvents
-from models_app.topology import EVENTS_GROUP
+from models_app.routing.topology import EVENTS_GROUP
 from routerpanel.router.catalogue import Event
 from tests.support.asgi import AsgiClient, Call
 from tests.support.fake_router import FakeRouter

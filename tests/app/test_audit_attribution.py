@@ -28,7 +28,7 @@ from models_app.models import ApiKey, AuditEvent, AuditKind
 from models_app.routing.client import RouterClient
 from models_app.routing.host import RouterHost
 from models_app.routing.listener import RouterConsumer
-from models_app.topology import UNNAMED_CHANNEL
+from models_app.routing.topology import UNNAMED_CHANNEL
 from tests.support.asgi import AsgiClient, django_stand_in
 from tests.support.upstreams import save_two_sim_presets
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from models_app import audit_journal
-from models_app.audit_journal import DIR_NAME, Journal
-from models_app.audit_writer import AuditWriter, DatabaseUnavailable, store_rows
+from models_app.audit import journal as audit_journal
+from models_app.audit.journal import DIR_NAME, Journal
+from models_app.audit.writer import AuditWriter, DatabaseUnavailable, store_rows
 from models_app.models import AuditEvent, AuditKind
 from routerpanel.router.catalogue import Event
 from routerpanel.router.engine import EngineEvent

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from models_app.audit_writer import AuditWriter
+from models_app.audit.writer import AuditWriter
 from models_app.models import AuditEvent, AuditKind
 from routerpanel.router.catalogue import Event
 from routerpanel.router.commands import MemorySampled

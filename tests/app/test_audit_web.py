@@ -15,7 +15,7 @@ from django.test import Client
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore, KeyTable, LoginFailures, record_in_database
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
-from models_app.presets_io import import_presets
+from models_app.presets.files import import_presets
 from models_app.routing.client import RouterClient
 from tests.support.admin import FORM
 from tests.support.asgi import AsgiClient, django_stand_in

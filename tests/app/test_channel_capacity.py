@@ -5,7 +5,7 @@ from __future__ import annotations
 from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 
-from models_app import topology
+from models_app.routing import topology
 
 LARGE = 100_000
 

@@ -27,13 +27,13 @@ from channels.worker import Worker
 
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore
-from models_app.audit_writer import AuditWriter
+from models_app.audit.writer import AuditWriter
 from models_app.models import AuditEvent
+from models_app.presets.specs import Overrides
 from models_app.routing.client import RouterClient
 from models_app.routing.host import RouterHost
 from models_app.routing.listener import RouterConsumer
-from models_app.specs import Overrides
-from models_app.topology import UNNAMED_CHANNEL
+from models_app.routing.topology import UNNAMED_CHANNEL
 from routerpanel.router.engine import EngineEvent
 from tests.support.asgi import AsgiClient, django_stand_in
 from tests.support.fake_router import FakeRouter, Grant

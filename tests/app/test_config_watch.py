@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from django.db import connection
 
-from models_app.config_watch import ConfigWatch, read_version
 from models_app.models import NodeSettings, Preset, RouterSettings
+from models_app.routing.config_watch import ConfigWatch, read_version
 from tests.support.waits import settled
 
 

@@ -1,4 +1,4 @@
-"""``serve`` on Daphne writes no Twisted access line per request (``_daphne.quiet_access_log``).
+"""``serve`` on Daphne writes no Twisted access line per request (``quiet_access_log``).
 
 Importing Daphne's server installs Twisted's asyncio reactor, so the check runs in a child
 Python of its own: a real ``HTTPFactory`` logs one request before the hook and none after, as
@@ -20,7 +20,7 @@ django.setup()
 from twisted.logger import globalLogPublisher
 from twisted.web import http
 from twisted.web.test.requesthelper import DummyChannel
-from models_app.management.commands._daphne import quiet_access_log
+from models_app.servers.daphne_server import quiet_access_log
 
 events = []
 globalLogPublisher.addObserver(events.append)

@@ -1,4 +1,4 @@
-"""``serve`` on Daphne: what a connection keeps across its requests (``_daphne.tune_channel``).
+"""``serve`` on Daphne: what a connection keeps across its requests (``tune_channel``).
 
 Twisted re-arms a connection's idle timeout in its own timer heap at the end of every request
 and asks the socket for both addresses on every request; ``RouterPanelServer`` keeps one lazy
@@ -32,7 +32,7 @@ import asyncio, json, os, sys
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
 import django
 django.setup()
-from models_app.management.commands._daphne import RouterPanelServer, _IdleTimer
+from models_app.servers.daphne_server import RouterPanelServer, _IdleTimer
 from twisted.internet import reactor
 
 counts = {"twisted_idle_timers": 0}
@@ -161,7 +161,7 @@ import asyncio, json, os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
 import django
 django.setup()
-from models_app.management.commands._daphne import _RequestInbox  # installs the reactor
+from models_app.servers.daphne_server import _RequestInbox  # installs the reactor
 
 async def main():
     seen = {}

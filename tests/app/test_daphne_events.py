@@ -1,11 +1,11 @@
-"""``serve`` on Daphne: how a ready socket reaches Twisted (``_daphne``).
+"""``serve`` on Daphne: how a ready socket reaches Twisted (``daphne_server``).
 
-* A new connection is read in the turn of the loop that accepted it (``_daphne.accept``): the
+* A new connection is read in the turn of the loop that accepted it (``daphne_server.accept``): the
   request a client sent right after its connect is handled without waiting for the loop to
   report the socket readable. A client that has sent nothing yet, or that sent its request and
   closed at once, is served (or let go) as before.
 * The reactor calls each ready socket's handler without Twisted's log context
-  (``_daphne._call_without_log_context``); a handler that fails is logged, with the socket's
+  (``daphne_server._call_without_log_context``); a handler that fails is logged, with the socket's
   log prefix, and the server serves on.
 
 Each server runs in a child Python (Daphne installs Twisted's reactor). The child counts the
@@ -32,12 +32,14 @@ import json, os, sys, time
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
 import django
 django.setup()
-from models_app.management.commands import _daphne
-from models_app.management.commands._daphne import RouterPanelServer
+from models_app.servers import daphne_server
+from models_app.servers.daphne_server import RouterPanelServer
 from twisted.internet import asyncioreactor, reactor, tcp
 
+daphne_server.install()
+
 loop_reads = {}  # connection -> reads the loop dispatched to it
-dispatch = asyncioreactor.callWithLogger  # ours, installed by _daphne
+dispatch = asyncioreactor.callWithLogger  # ours, installed by daphne_server.install()
 
 def counting(selectable, function, *args):
     if isinstance(selectable, tcp.Server) and args[-1] is True:
@@ -57,7 +59,7 @@ async def app(scope, receive, send):
                   and p.channel.transport.getPeer().port == scope["client"][1]]
     body = json.dumps({
         "loop_reads": loop_reads.get(transports[0], 0) if transports else None,
-        "ours": _daphne.asyncioreactor.callWithLogger is counting,
+        "ours": daphne_server.asyncioreactor.callWithLogger is counting,
     }).encode()
     headers = [(b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -73,9 +75,12 @@ import io, os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
 import django
 django.setup()
-from models_app.management.commands import _daphne
+from models_app.servers import daphne_server
 from twisted.internet import asyncioreactor
 from twisted.python import log
+
+assert asyncioreactor.callWithLogger is not daphne_server._call_without_log_context  # not on import
+daphne_server.install()
 
 lines = []
 log.addObserver(lines.append)
@@ -90,7 +95,7 @@ def fails():
 def interrupted():
     raise KeyboardInterrupt
 
-assert asyncioreactor.callWithLogger is _daphne._call_without_log_context
+assert asyncioreactor.callWithLogger is daphne_server._call_without_log_context
 assert asyncioreactor.callWithLogger(Socket(), lambda a, b: a + b, 2, 3) == 5
 assert asyncioreactor.callWithLogger(Socket(), fails) is None
 logged = [e for e in lines if e.get("isError")]

@@ -1,4 +1,4 @@
-"""``serve`` on Daphne sends each answer at the end of the loop's turn (``_daphne.write_soon``).
+"""``serve`` on Daphne sends each answer at the end of the loop's turn (``write_soon``).
 
 Twisted alone asks the loop to watch every connection for writability before each send (an
 ``add_writer`` and a ``remove_writer`` per piece of an answer). Under ``RouterPanelServer`` an
@@ -31,7 +31,7 @@ import asyncio, json, os, sys
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
 import django
 django.setup()
-from models_app.management.commands._daphne import RouterPanelServer  # installs the reactor
+from models_app.servers.daphne_server import RouterPanelServer  # installs the reactor
 from twisted.internet import reactor
 
 counts = {"add_writer": 0}
@@ -230,7 +230,7 @@ import asyncio, json, os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
 import django
 django.setup()
-from models_app.management.commands import _daphne  # installs the reactor
+from models_app.servers import daphne_server  # installs the reactor
 
 class Socket:
     def __init__(self, takes):
@@ -254,7 +254,7 @@ class Transport:  # the attributes of twisted.internet.tcp.Server that the rule 
 
 async def case(pending=False, **state):
     transport = Transport(**state)
-    writer = _daphne._SoonWriter(transport)
+    writer = daphne_server._SoonWriter(transport)
     writer.pending = pending
     writer.send(b"0123456789")
     return {"socket": [d.decode() for d in transport.socket.sent],
@@ -303,7 +303,7 @@ import asyncio, json, os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
 import django
 django.setup()
-from models_app.management.commands import _daphne  # installs the reactor
+from models_app.servers import daphne_server  # installs the reactor
 
 class Transport:  # what _SoonWriter's flush reads of twisted.internet.tcp.Server
     connected, dataBuffer, _tempDataBuffer = 1, b"", []
@@ -318,15 +318,15 @@ class Transport:  # what _SoonWriter's flush reads of twisted.internet.tcp.Serve
 
 async def main():
     transport = Transport()
-    writer = _daphne._SoonWriter(transport)
+    writer = daphne_server._SoonWriter(transport)
     writer.install()
     transport.startWriting()           # an answer's bytes are buffered: a flush is due ...
     transport.startWriting()           # ... once, however many writes come in the turn
-    _daphne.send_now(transport)        # the answer is complete: sent now
+    daphne_server.send_now(transport)        # the answer is complete: sent now
     now = transport.writes
     await asyncio.sleep(0.05)          # the due flush was cancelled: nothing more
     later = transport.writes
-    _daphne.send_now(transport)        # nothing due: nothing to send
+    daphne_server.send_now(transport)        # nothing due: nothing to send
     print(json.dumps({"now": now, "later": later, "idle": transport.writes}))
 
 asyncio.run(main())

@@ -11,10 +11,10 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
-from models_app import dashboard_sockets, layers, topology
-from models_app.consumers import DashboardConsumer
-from models_app.roles import Role
-from models_app.routing import wire
+from models_app.accounts.roles import Role
+from models_app.panel import dashboard_sockets
+from models_app.panel.consumers import DashboardConsumer
+from models_app.routing import layers, topology, wire
 from routerpanel.router.catalogue import Event
 from tests.support.dashboard_socket import TIMEOUT, connect, receive
 from tests.support.panel import RouterStub, make_user

@@ -15,10 +15,9 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
-from models_app import topology
-from models_app.roles import Role
+from models_app.accounts.roles import Role
 from models_app.routing import host as hosting
-from models_app.routing import wire
+from models_app.routing import topology, wire
 from models_app.routing.client import RouterClient
 from models_app.routing.host import RouterHost
 from routerpanel.router.catalogue import Event

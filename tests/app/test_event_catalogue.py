@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from models_app import audit_mapper, metrics
-from models_app.audit_mapper import AuditMapper
-from models_app.metrics import RouterMetrics
+from models_app.audit import mapper as audit_mapper
+from models_app.audit.mapper import AuditMapper
+from models_app.routing import metrics
+from models_app.routing.metrics import RouterMetrics
 from routerpanel.router.catalogue import Event, names
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from models_app import tasks
 from models_app.models import AuditEvent, AuditKind, Preset
-from models_app.presets_io import import_presets
+from models_app.presets.files import import_presets
 
 pytestmark = pytest.mark.django_db
 

@@ -10,9 +10,9 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import Client
 
-from models_app.dashboard_view import BUDGET, PER_PAGE
+from models_app.accounts.roles import Role
 from models_app.models import Preset
-from models_app.roles import Role
+from models_app.panel.dashboard_view import BUDGET, PER_PAGE
 from tests.support.dashboard_socket import connect, receive
 from tests.support.panel import RouterStub, make_user, model_row
 

@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore, KeyTable
-from models_app.metrics import RouterMetrics, render
 from models_app.routing import wire
 from models_app.routing.client import RouterClient
+from models_app.routing.metrics import RouterMetrics, render
 from routerpanel.router.commands import MemorySampled
 from routerpanel.router.memory import ChildMemory, SystemMemory
 from routerpanel.router.supervisor import ChildExited

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from models_app import liveness, nodes, topology
-from models_app.audit_mapper import AuditMapper
+from models_app.audit.mapper import AuditMapper
+from models_app.routing import liveness, nodes, topology
 from routerpanel.router.catalogue import Event
 from routerpanel.router.feed import EngineEvent
 
@@ -287,7 +287,7 @@ def redis_prefix(settings: Any, redis_url: str) -> str:
 
 
 def test_the_audit_row_of_a_node_is_stored_with_its_node(db: Any) -> None:
-    from models_app.audit_writer import store_rows
+    from models_app.audit.writer import store_rows
     from models_app.models import AuditEvent
 
     rows = TestAuditRows().rows({"node": "n2", "change": "joined", "host": "h", "models": [],

@@ -12,7 +12,7 @@ from django.test import Client
 from django.utils import timezone
 
 from models_app.models import AuditEvent, AuditKind
-from models_app.views.audit_log import PAGE_SIZE
+from models_app.panel.views.audit_log import PAGE_SIZE
 
 pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db

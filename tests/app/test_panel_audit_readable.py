@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from models_app import audit
+from models_app.audit import records as audit
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
 
 pytest_plugins = ("tests.support.panel",)

@@ -13,12 +13,11 @@ from django.contrib.auth.models import AnonymousUser
 from django.db import OperationalError
 from django.test import Client
 
-from models_app import topology
-from models_app.consumers import CLOSE_FORBIDDEN, DashboardConsumer
+from models_app.accounts.roles import Role, set_role
 from models_app.models import AuditEvent, AuditKind
-from models_app.roles import Role, set_role
-from models_app.routing import wire
-from models_app.views import actions, common
+from models_app.panel.consumers import CLOSE_FORBIDDEN, DashboardConsumer
+from models_app.panel.views import actions, common
+from models_app.routing import topology, wire
 from routerpanel.router.catalogue import Event
 from tests.support.dashboard_socket import TIMEOUT, connect, receive
 from tests.support.panel import RouterStub, make_user, model_row

@@ -11,7 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from models_app.models import AuditEvent, AuditKind, MemoryRollup, Preset
-from models_app.views.logs import shown
+from models_app.panel.views.logs import shown
 from tests.support.panel import RouterStub, model_row
 
 pytest_plugins = ("tests.support.panel",)

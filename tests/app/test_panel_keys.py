@@ -10,8 +10,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
+from models_app.accounts.roles import Role, role_of
 from models_app.models import ApiKey, AuditEvent, AuditKind, hash_api_key
-from models_app.roles import Role, role_of
 from tests.support.panel import make_user
 
 pytest_plugins = ("tests.support.panel",)

@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
-from models_app.views import common
+from models_app.panel.views import common
 from tests.support.opened import opened
 from tests.support.panel import RouterStub, model_row
 from tests.support.preset_form import form
@@ -62,7 +62,7 @@ class TestCreate:
     ) -> None:
         assert admin_client.post("/presets/new/", form(hang_timeout="2.5")).status_code == 302
         assert Preset.objects.get().hang_timeout == 2.5
-        from models_app.specs import load_specs
+        from models_app.presets.specs import load_specs
 
         _, specs = load_specs()
         assert specs[0].hang_timeout == 2.5

@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from models_app.models import Preset
-from models_app.queue_reasons import reason
+from models_app.panel.queue_reasons import reason
 from tests.support.panel import RouterStub, model_row
 
 pytest_plugins = ("tests.support.panel",)

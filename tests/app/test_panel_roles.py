@@ -10,8 +10,8 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.test import Client
 
+from models_app.accounts.roles import Role, ensure_groups, role_of, set_role
 from models_app.models import ApiKey, AuditEvent, AuditKind, Preset
-from models_app.roles import Role, ensure_groups, role_of, set_role
 from tests.support.panel import PASSWORD, RouterStub, client_for, make_user, model_row
 
 pytest_plugins = ("tests.support.panel",)

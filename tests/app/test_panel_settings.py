@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from models_app import edits
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
-from models_app.views.admin_pages import _node_state
+from models_app.panel import edits
+from models_app.panel.views.admin_pages import _node_state
 from tests.support.opened import versions
 from tests.support.panel import RouterStub
 from tests.support.settings_form import body
@@ -110,7 +110,7 @@ def test_the_queue_policy_is_a_setting_that_reaches_the_router_config(
     """Issue 17.5: fifo by default; the form takes fair (and nothing else), the change is
     audited and sent to the router, and the config the router is built with carries it unless
     ``--queue-policy`` overrides it."""
-    from models_app.specs import Overrides, router_config
+    from models_app.presets.specs import Overrides, router_config
 
     assert RouterSettings.load().queue_policy == "fifo"
     page = admin_client.get("/settings/").content.decode()
@@ -163,7 +163,7 @@ class TestNodeSettings:
         self, admin_client: Client, panel_router: RouterStub
     ) -> None:
         from models_app.models import NodeSettings
-        from models_app.specs import Overrides, router_config
+        from models_app.presets.specs import Overrides, router_config
 
         text = self.post(admin_client, "studio-2", models_max="1", memory_budget="64G")
         assert "Saved the settings of node studio-2" in text.content.decode()

@@ -9,7 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings
-from models_app.presets_io import export_presets, import_presets
+from models_app.presets.files import export_presets, import_presets
 from routerpanel.router.ini import IniError
 
 pytestmark = pytest.mark.django_db
@@ -115,7 +115,7 @@ class TestImport:
         assert (row.aliases, row.stop_timeout) == ([], None)
 
     def test_the_models_preset_file_is_the_whole_truth_for_aliases(self, ini_file: Path) -> None:
-        from models_app import sources
+        from models_app.presets import sources
 
         sources.import_preset_file(str(ini_file), io.StringIO())
         ini_file.write_text(FILE.replace("alias = gemma,g3\n", ""))
@@ -162,7 +162,7 @@ class TestReloadFromTheFile:
     """``GET /models?reload=1`` re-reads ``--models-preset`` only when the file changed."""
 
     def test_an_unchanged_file_keeps_the_panels_edits(self, ini_file: Path) -> None:
-        from models_app import sources
+        from models_app.presets import sources
 
         path = str(ini_file)
         assert sources.reimport_preset_file(path) is True  # first time: imported
@@ -171,7 +171,7 @@ class TestReloadFromTheFile:
         assert Preset.objects.get(name="sim").ttl == 90
 
     def test_a_changed_file_is_applied_and_wins_for_its_presets(self, ini_file: Path) -> None:
-        from models_app import sources
+        from models_app.presets import sources
 
         path = str(ini_file)
         sources.reimport_preset_file(path)
@@ -182,7 +182,7 @@ class TestReloadFromTheFile:
         assert Preset.objects.get(name="sim").ttl == 600  # the file says so again
 
     def test_a_missing_or_broken_file_changes_nothing(self, ini_file: Path) -> None:
-        from models_app import sources
+        from models_app.presets import sources
 
         sources.reimport_preset_file(str(ini_file))
         before = list(Preset.objects.values())
@@ -198,7 +198,7 @@ class TestWhereAPresetCameFrom:
     """Each preset records its source; a reload drops the file's presets it no longer names."""
 
     def test_the_models_preset_file_owns_its_presets(self, ini_file: Path) -> None:
-        from models_app import sources
+        from models_app.presets import sources
 
         sources.import_preset_file(str(ini_file), io.StringIO())
         sim = Preset.objects.get(name="sim")
@@ -206,7 +206,7 @@ class TestWhereAPresetCameFrom:
         assert sim.get_source_display() == "the --models-preset file"
 
     def test_a_renamed_section_replaces_its_old_preset_on_reload(self, ini_file: Path) -> None:
-        from models_app import sources
+        from models_app.presets import sources
 
         sources.import_preset_file(str(ini_file), io.StringIO())
         Preset.objects.create(name="made-here")  # in the panel
@@ -219,14 +219,14 @@ class TestWhereAPresetCameFrom:
         assert deleted.model == "sim"
 
     def test_an_unchanged_file_removes_nothing(self, ini_file: Path) -> None:
-        from models_app import sources
+        from models_app.presets import sources
 
         sources.import_preset_file(str(ini_file), io.StringIO())
         assert sources.reimport_preset_file(str(ini_file)) is False
         assert Preset.objects.count() == 2
 
     def test_a_broken_file_removes_nothing(self, ini_file: Path) -> None:
-        from models_app import sources
+        from models_app.presets import sources
 
         sources.import_preset_file(str(ini_file), io.StringIO())
         ini_file.write_text("[gone-but-broken\n")
@@ -242,7 +242,7 @@ class TestWhereAPresetCameFrom:
         assert Preset.objects.get(name="made-here").source == "panel"
 
     def test_the_models_dir_drops_a_model_whose_file_is_gone(self, tmp_path: Path) -> None:
-        from models_app import sources
+        from models_app.presets import sources
 
         (tmp_path / "a.gguf").write_bytes(b"")
         (tmp_path / "b.gguf").write_bytes(b"")

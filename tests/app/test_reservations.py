@@ -12,7 +12,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.utils import timezone
 
-from models_app import reservations, tasks
+from models_app import tasks
+from models_app.accounts import reservations
 from models_app.models import AuditEvent, AuditKind, Preset, Reservation
 from models_app.routing.layer import router_gone
 from routerpanel.router.errors import RouterError

@@ -452,7 +452,7 @@ async def test_waiters_get_503_when_the_heartbeat_says_the_router_froze(tmp_path
 def test_the_unix_socket_of_this_host_else_the_tcp_address_is_used(settings: Any) -> None:
     import socket as socketlib
 
-    from models_app.liveness import Beat
+    from models_app.routing.liveness import Beat
 
     here = socketlib.gethostname()
 
@@ -563,7 +563,7 @@ async def test_the_unix_socket_asks_no_proof(tcp_host: RouterHost) -> None:
 def test_a_heartbeat_with_fields_this_version_does_not_know_still_parses() -> None:
     import json
 
-    from models_app.liveness import Beat
+    from models_app.routing.liveness import Beat
 
     old = {"boot": "b", "pid": 1, "host": "h", "time": 1.0, "started": 0.5}
     assert Beat.parse(json.dumps(old)) == Beat("b", 1, "h", 1.0, 0.5, "")

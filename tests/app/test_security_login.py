@@ -19,9 +19,9 @@ from axes.models import AccessAttempt
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from models_app import signin
+from models_app.accounts import signin
+from models_app.accounts.roles import Role
 from models_app.models import AuditEvent, AuditKind
-from models_app.roles import Role
 from tests.support.panel import PASSWORD, client_for, make_user
 
 pytest_plugins = ("tests.support.panel",)

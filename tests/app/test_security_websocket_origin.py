@@ -16,7 +16,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client, override_settings
 
 from models_app import security
-from models_app.roles import Role
+from models_app.accounts.roles import Role
 from tests.support.panel import RouterStub, make_user, model_row
 
 pytest_plugins = ("tests.support.panel",)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from models_app import presets_io, server_options, specs
 from models_app.models import Preset, RouterSettings
+from models_app.presets import files as presets_io
+from models_app.presets import server_options, specs
 from routerpanel.router import ini, options
 from tests.support.serving import B11434_HELP
 

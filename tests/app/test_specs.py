@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from models_app import sources, specs
 from models_app.models import Preset, RouterSettings
-from models_app.presets_io import import_presets
+from models_app.presets import sources, specs
+from models_app.presets.files import import_presets
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from models_app.accounts.roles import Role
 from models_app.models import AuditEvent, AuditKind, NodeSettings, Preset, Quota, RouterSettings
-from models_app.roles import Role
 from tests.support.opened import opened, versions
 from tests.support.panel import RouterStub, client_for, make_user
 from tests.support.preset_form import form

@@ -15,7 +15,7 @@ from channels.layers import InMemoryChannelLayer
 from django_celery_beat.models import PeriodicTask
 
 from models_app import tasks
-from models_app.audit import purge_expired
+from models_app.audit.records import purge_expired
 from models_app.models import AuditEvent, AuditKind, MemoryRollup, Preset, RouterSettings
 from models_app.routing.client import RouterClient
 from routerpanel.router import gguf
@@ -117,7 +117,7 @@ class TestGgufInspection:
         tasks.inspect_preset(preset.pk)
 
     def test_an_admin_estimate_wins_in_the_engine_spec(self, model_file: Path) -> None:
-        from models_app import specs
+        from models_app.presets import specs
 
         preset = make_preset(model_file)
         tasks.inspect_preset(preset.pk)

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from models_app import tasks, usage
+from models_app import tasks
+from models_app.accounts import usage
+from models_app.accounts.roles import Role
 from models_app.api import Api
 from models_app.api.auth import Caller, digest
 from models_app.models import RouterSettings, UsageHour, UsageRecord
-from models_app.roles import Role
 from models_app.routing.client import RouterClient
 from routerpanel.router.receipts import Receipt
 from tests.support.asgi import ROUTER_TIMEOUT, AsgiClient, django_stand_in

@@ -11,7 +11,7 @@ import time
 import pytest
 from django.test import Client
 
-from models_app import usage
+from models_app.accounts import usage
 
 pytest_plugins = ("tests.support.panel",)
 pytestmark = pytest.mark.django_db

@@ -18,13 +18,13 @@ from channels.layers import InMemoryChannelLayer
 from channels.routing import ChannelNameRouter
 from channels.worker import Worker
 
-from models_app import usage
+from models_app.accounts import usage
 from models_app.api import Api, ApiConfig
 from models_app.api.auth import KeyStore
 from models_app.routing.client import RouterClient
 from models_app.routing.host import RouterHost
 from models_app.routing.listener import RouterConsumer
-from models_app.topology import UNNAMED_CHANNEL
+from models_app.routing.topology import UNNAMED_CHANNEL
 from tests.support.asgi import AsgiClient, django_stand_in
 from tests.support.upstreams import save_two_sim_presets
 

@@ -1,6 +1,6 @@
-"""``serve --http uvicorn``'s protocol (``_uvicorn.ChunkNowProtocol``).
+"""``serve --http uvicorn``'s protocol (``uvicorn_server.ChunkNowProtocol``).
 
-It offers ``chunk_now`` in each request's scope (``_uvicorn.chunk_now``).
+It offers ``chunk_now`` in each request's scope (``uvicorn_server.chunk_now``).
 
 The proxy's pump writes each piece of a streamed answer with it instead of an ASGI message. It
 must write exactly what uvicorn's own ``send`` would, and refuse (False, so the piece goes as a
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from models_app.api.request import CHUNK_NOW
-from models_app.management.commands._uvicorn import ChunkNowProtocol
+from models_app.servers.uvicorn_server import ChunkNowProtocol
 from tests.support.uvicorn_server import serving
 
 DEADLINE = 30.0

@@ -1,4 +1,4 @@
-"""``serve --http uvicorn`` answers byte for byte as uvicorn would (``_uvicorn.HeadWithBody``).
+"""``serve --http uvicorn`` answers byte for byte as uvicorn would (``HeadWithBody``).
 
 ``HeadWithBody`` has its own ``send``: it builds an answer's head itself and writes it with the
 first piece of body. Whatever the application sends, the client must get the bytes uvicorn's
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from models_app.management.commands._uvicorn import ChunkNowProtocol
+from models_app.servers.uvicorn_server import ChunkNowProtocol
 from tests.support.uvicorn_server import serving
 
 DEADLINE = 30.0

@@ -26,8 +26,7 @@ import httpx
 import psutil
 import pytest
 
-from models_app import liveness
-from models_app.routing import layer
+from models_app.routing import layer, liveness
 from tests.support.auditdb import pg_audit_rows
 from tests.support.chaos import record
 from tests.support.chaos_team import Team, kill_mid_stream, post_chat, until_served

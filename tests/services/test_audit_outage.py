@@ -118,7 +118,7 @@ def _expect(driver: subprocess.Popen[str], tag: str) -> dict[str, Any]:
 async def _drive(journal: Path) -> None:
     import asyncio
 
-    from models_app.audit_writer import AuditWriter
+    from models_app.audit.writer import AuditWriter
     from routerpanel.router.commands import MemorySampled
     from routerpanel.router.memory import SystemMemory
     from tests.support.engine import make

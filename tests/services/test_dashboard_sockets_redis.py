@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from models_app import dashboard_sockets, layers
+from models_app.panel import dashboard_sockets
+from models_app.routing import layers
 from tests.support.waits import settled
 
 

@@ -82,4 +82,4 @@ def test_redis_url_switches_settings_to_team_mode(tmp_path: Path, redis_url: str
         timeout=60,
         check=True,
     ).stdout.split()
-    assert out == ["models_app.layers.ResilientRedisLayer", "False", redis_url]
+    assert out == ["models_app.routing.layers.ResilientRedisLayer", "False", redis_url]

@@ -7,7 +7,7 @@ from typing import Any
 
 from channels.testing import WebsocketCommunicator
 
-from models_app.consumers import DashboardConsumer
+from models_app.panel.consumers import DashboardConsumer
 
 TIMEOUT = 10.0  # generous: a small, busy machine
 

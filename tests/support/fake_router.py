@@ -18,8 +18,7 @@ from typing import Any
 
 from channels.layers import BaseChannelLayer
 
-from models_app import topology
-from models_app.routing import wire
+from models_app.routing import topology, wire
 from routerpanel.router.errors import Lease, RouterError, error_body
 from routerpanel.router.receipts import NO_RECEIPT, Receipt
 from tests.support.waits import settled

@@ -37,7 +37,7 @@ def add_user(server: Server, username: str, password: str, role: str = "VIEWER")
     """Create a user with a panel role in ``server``'s database, while it runs."""
     code = (
         "from django.contrib.auth import get_user_model\n"
-        "from models_app.roles import Role, set_role\n"
+        "from models_app.accounts.roles import Role, set_role\n"
         f"u = get_user_model().objects.create_user({username!r}, password={password!r})\n"
         f"set_role(u, Role.{role})\n"
     )

@@ -1,6 +1,6 @@
 """Fixtures for the panel tests (test_panel_*.py): users per role and a stand-in router.
 
-The panel reaches the router only through ``models_app.views.common.call_router``; the
+The panel reaches the router only through ``models_app.panel.views.common.call_router``; the
 ``router`` fixture replaces it with ``RouterStub``, which records each call and answers from a
 small table, so view tests need no channel layer and no event loop of their own.
 """
@@ -15,9 +15,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from models_app.roles import Role, set_role
+from models_app.accounts.roles import Role, set_role
+from models_app.panel.views import common
 from models_app.routing.messages import Call
-from models_app.views import common
 
 PASSWORD = "pw-for-tests-only"
 

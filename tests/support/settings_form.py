@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from models_app import audit, edits
+from models_app.audit import records as audit
 from models_app.models import RouterSettings
+from models_app.panel import edits
 
 
 def body(**fields: Any) -> dict[str, Any]:

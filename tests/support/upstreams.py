@@ -66,7 +66,7 @@ def save_two_sim_presets(load_ms: int = 50) -> None:
     """Store presets m1 and m2 (simulated children loading in ``load_ms``) and models_max 1:
     the router host tests' database, where every request for the other model is a swap."""
     from models_app.models import Preset, RouterSettings
-    from models_app.sources import simserver_command
+    from models_app.presets.sources import simserver_command
 
     for name in ("m1", "m2"):
         args = [["sim-load-ms", str(load_ms)]]

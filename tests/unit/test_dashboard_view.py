@@ -1,13 +1,13 @@
-"""What one dashboard shows of a snapshot (``models_app.dashboard_view``): every running model, the
-first queue entries' models, and one page of the others, searched and ranked; never near a
-WebSocket frame's limit, whatever the number of presets."""
+"""What one dashboard shows of a snapshot (``models_app.panel.dashboard_view``): every running
+model, the first queue entries' models, and one page of the others, searched and ranked; never
+near a WebSocket frame's limit, whatever the number of presets."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from models_app.dashboard_view import BUDGET, PER_PAGE, QUEUE_ENTRIES, View, select
+from models_app.panel.dashboard_view import BUDGET, PER_PAGE, QUEUE_ENTRIES, View, select
 
 
 def row(name: str, state: str = "unloaded", **extra: Any) -> dict[str, Any]:

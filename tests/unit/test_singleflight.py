@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from models_app.singleflight import SingleFlight
+from models_app.routing.singleflight import SingleFlight
 from tests.support.waits import settled
 
 

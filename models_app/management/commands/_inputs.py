@@ -17,7 +17,8 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.db import DatabaseError
 
-from models_app import runtime, server_options, sources
+from models_app import runtime
+from models_app.presets import server_options, sources
 from routerpanel.router import ini, presets
 
 OTHER_PORT_HINT = "make run PORT=9000 (or manage.py serve --port 9000)"

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import IntegrityError, transaction
 
-from models_app.audit import record_key_change
+from models_app.audit.records import record_key_change
 from models_app.models import ApiKey, AuditKind, KeyPriority
 
 CLI_ACTOR = "cli:create_api_key"  # who the audit log says made a key from the shell

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from models_app.presets_io import export_presets, skipped_by_llama_export
+from models_app.presets.files import export_presets, skipped_by_llama_export
 from routerpanel.router.ini import IniError
 
 

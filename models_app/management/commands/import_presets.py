@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from models_app.models import PresetSource
-from models_app.presets_io import Origin, import_presets
+from models_app.presets.files import Origin, import_presets
 from routerpanel.router.ini import IniError
 
 

@@ -21,7 +21,7 @@ import psutil
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from models_app import liveness, nodes
+from models_app.routing import liveness, nodes
 
 
 class Command(BaseCommand):

@@ -24,9 +24,11 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from models_app import bootstrap, runtime, sources, topology
-from models_app.locks import LockHeld
-from models_app.routerproc import RouterProcess
+from models_app import bootstrap, runtime
+from models_app.presets import sources
+from models_app.routing import topology
+from models_app.routing.locks import LockHeld
+from models_app.routing.process import RouterProcess
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:

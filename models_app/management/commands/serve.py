@@ -4,7 +4,7 @@ Embedded mode (the default) is ONE process: Daphne serves HTTP and WebSockets, a
 worker for channel ``router`` runs in the same event loop on the in-memory channel layer. With
 ``--no-router`` it is the web side of team mode only, talking to ``runrouter`` over Redis and
 over the socket the router advertises (routing/link_client.py; its first lines say which).
-``--http uvicorn`` serves the same application with uvicorn instead of Daphne (_uvicorn.py).
+``--http uvicorn`` serves the same application with uvicorn instead of Daphne (uvicorn_server.py).
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from models_app import bootstrap, runtime, security, sources
+from models_app import bootstrap, runtime, security
 from models_app.api import auth
-from models_app.locks import LockHeld
 from models_app.management.commands import _inputs as inputs
 from models_app.models import Preset, RouterSettings
-from models_app.routerproc import RouterProcess, raise_open_files_limit
+from models_app.presets import sources
+from models_app.routing.locks import LockHeld
+from models_app.routing.process import RouterProcess, raise_open_files_limit
 from routerpanel.env import envbool, envfloat, envint, envstr, split_list
 from routerpanel.router import states
 
@@ -183,7 +184,10 @@ class Command(BaseCommand):
         from daphne.endpoints import build_endpoint_description_strings
         from twisted.internet import error, reactor
 
-        from models_app.management.commands._daphne import RouterPanelServer
+        from models_app.servers import daphne_server
+        from models_app.servers.daphne_server import RouterPanelServer
+
+        daphne_server.install()
         from routerpanel.asgi import application
 
         def stop_reactor() -> None:
@@ -220,7 +224,7 @@ class Command(BaseCommand):
     def _run_uvicorn(
         self, options: dict[str, Any], router: EmbeddedRouter | None, ready: Announcement
     ) -> BaseException | None:
-        from models_app.management.commands._uvicorn import UvicornServer
+        from models_app.servers.uvicorn_server import UvicornServer
         from routerpanel.asgi import application
 
         server = UvicornServer(

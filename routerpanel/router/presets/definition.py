@@ -97,7 +97,8 @@ class ParsedPresets:
 
 def builtin_only(default_bin: str = DEFAULT_PROGRAM) -> Resolver:
     """Return a resolver that knows only b11434, for ``default_bin``; other programs' keys go
-    unchecked (the engine runs no program; ``models_app.server_options`` reads their --help)."""
+    unchecked (the engine runs no program; the web side's ``presets.server_options`` reads their
+    --help)."""
 
     def resolve(program: str) -> options.Catalogue:
         if program == default_bin:

@@ -180,7 +180,7 @@ def on_login_failed(
 
 
 def connect_signals() -> None:
-    user_login_failed.connect(on_login_failed, dispatch_uid="models_app.signin")
+    user_login_failed.connect(on_login_failed, dispatch_uid="models_app.accounts.signin")
 
 
 # ---- lockouts -----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from asgiref.sync import async_to_sync
 from django.contrib import messages
 from django.http import HttpRequest
 
-from models_app.roles import Role, role_of
+from models_app.accounts.roles import Role, role_of
 from models_app.routing.client import RouterClient
 from models_app.routing.messages import Call
 from routerpanel.router import catalogue, states

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from models_app.views.common import human_bytes
+from models_app.panel.views.common import human_bytes
 
 CHANGE_KINDS = frozenset({"preset_created", "preset_changed", "preset_deleted", "settings_changed"})
 LABELS = {

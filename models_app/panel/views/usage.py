@@ -19,11 +19,13 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from models_app import audit, edits, usage
+from models_app.accounts import usage
+from models_app.accounts.roles import Role, require, role_of
 from models_app.api.quotas import Limit, tokens_today_in_database
-from models_app.forms import QuotaForm
+from models_app.audit import records as audit
 from models_app.models import AuditEvent, AuditKind, Quota
-from models_app.roles import Role, require, role_of
+from models_app.panel import edits
+from models_app.panel.forms import QuotaForm
 from models_app.security import csv_cell
 
 SPANS = {"1": 1, "7": 7, "30": 30}  # days

@@ -18,12 +18,16 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
-from models_app import audit, audit_labels, edits, presets_io, specs
-from models_app.forms import ImportForm, PresetForm, option_names, pair_formset
+from models_app.accounts.roles import Role, require
+from models_app.audit import labels as audit_labels
+from models_app.audit import records as audit
 from models_app.models import AuditEvent, AuditKind, Preset, RouterSettings, catalogue_for
-from models_app.roles import Role, require
+from models_app.panel import edits
+from models_app.panel.forms import ImportForm, PresetForm, option_names, pair_formset
+from models_app.panel.views import common
+from models_app.presets import files as presets_io
+from models_app.presets import specs
 from models_app.routing.messages import ReloadCall
-from models_app.views import common
 from routerpanel.router import ini
 
 PER_PAGE = 100  # presets on a page of the list

@@ -13,8 +13,13 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from models_app import audit, edits, runtime, signin
-from models_app.forms import (
+from models_app import runtime
+from models_app.accounts import signin
+from models_app.accounts.roles import Role, forbidden, require, role_of, set_role
+from models_app.audit import records as audit
+from models_app.models import ApiKey, AuditEvent, AuditKind, NodeSettings, RouterSettings
+from models_app.panel import edits
+from models_app.panel.forms import (
     ApiKeyForm,
     KeyScopeForm,
     NewUserForm,
@@ -22,9 +27,7 @@ from models_app.forms import (
     RoleForm,
     SettingsForm,
 )
-from models_app.models import ApiKey, AuditEvent, AuditKind, NodeSettings, RouterSettings
-from models_app.roles import Role, forbidden, require, role_of, set_role
-from models_app.views import common
+from models_app.panel.views import common
 
 # ---- settings ---------------------------------------------------------------------------------
 

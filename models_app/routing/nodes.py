@@ -25,9 +25,9 @@ from typing import Any
 
 from django.conf import settings
 
-from models_app import liveness
-from models_app.singleflight import SingleFlight
-from models_app.topology import heartbeat_key, members_key
+from models_app.routing import liveness
+from models_app.routing.singleflight import SingleFlight
+from models_app.routing.topology import heartbeat_key, members_key
 from routerpanel.router import placement
 from routerpanel.router.states import DOWN
 

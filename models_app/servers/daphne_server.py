@@ -1,6 +1,8 @@
 """Daphne's server for ``serve``: no POST form parsing, and bodies bounded in size and time.
 
-Imported only when ``serve`` runs: importing ``daphne.server`` installs Twisted's asyncio reactor.
+Imported only when ``serve`` runs: importing ``daphne.server`` installs Twisted's asyncio reactor
+(Daphne's doing). Our changes to Twisted and Daphne are made by ``install()``, which ``serve``
+calls before it builds the server; importing this module changes nothing.
 
 Daphne (Twisted) reads a request's whole body before it calls the application, so the
 application's own checks (``Request.read_body``) come too late for a client that declares 40 MiB
@@ -255,9 +257,6 @@ def _unwrap_daphne_http() -> None:
         daphne.http_protocol.http = object.__getattribute__(proxy, "_module")
 
 
-_unwrap_daphne_http()
-
-
 def _call_without_log_context(
     selectable: Any, function: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> Any:
@@ -286,7 +285,12 @@ def _log_prefix(selectable: Any) -> str:
         return "(buggy logPrefix method)"
 
 
-asyncioreactor.callWithLogger = _call_without_log_context  # type: ignore[attr-defined,assignment]
+def install() -> None:
+    """Make this process's Twisted and Daphne serve as the module doc says: Daphne reaches
+    ``twisted.web.http`` directly, and the reactor dispatches a ready socket without a log
+    context. Called once by ``serve`` before the server is built; calling it again is harmless."""
+    _unwrap_daphne_http()
+    asyncioreactor.callWithLogger = _call_without_log_context  # type: ignore[attr-defined,assignment]
 
 
 def quiet_access_log(factory: http.HTTPFactory) -> None:

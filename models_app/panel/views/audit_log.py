@@ -19,10 +19,10 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from models_app import audit_labels
-from models_app.forms import AuditFilterForm
+from models_app.accounts.roles import Role, require
+from models_app.audit import labels as audit_labels
 from models_app.models import AuditEvent, AuditKind, Preset
-from models_app.roles import Role, require
+from models_app.panel.forms import AuditFilterForm
 from models_app.security import csv_cell
 
 PAGE_SIZE = 50

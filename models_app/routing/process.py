@@ -20,9 +20,11 @@ from typing import Any
 
 from django.conf import settings
 
-from models_app import runtime, sources, specs, topology
-from models_app.audit_mapper import new_router_id
-from models_app.locks import LockLost, RouterLock
+from models_app import runtime
+from models_app.audit.mapper import new_router_id
+from models_app.presets import sources, specs
+from models_app.routing import topology
+from models_app.routing.locks import LockLost, RouterLock
 
 log = logging.getLogger(__name__)
 

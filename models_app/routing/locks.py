@@ -32,7 +32,7 @@ from typing import Any, TextIO
 import psutil
 from django.conf import settings
 
-from models_app import topology
+from models_app.routing import topology
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,15 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, DataError, IntegrityError, connection
 
-from models_app.audit_journal import DIR_NAME, LEGACY_SPOOL, Journal, JournalReader, final, pending
-from models_app.audit_mapper import (
+from models_app.audit.journal import (
+    DIR_NAME,
+    LEGACY_SPOOL,
+    Journal,
+    JournalReader,
+    final,
+    pending,
+)
+from models_app.audit.mapper import (
     AFTER_EXIT,
     AUDIT_TAIL_LINES,
     STOP_GRACE,

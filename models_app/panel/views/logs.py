@@ -16,9 +16,9 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from models_app.accounts.roles import Role, require
 from models_app.models import Preset
-from models_app.roles import Role, require
-from models_app.views import common
+from models_app.panel.views import common
 
 CLOCK = re.compile(r"^(\d{2}:\d{2}:\d{2}(?:[.,]\d{1,6})?)\s+")
 # The first that matches names the line's level; llama.cpp's prefixes are "E ", "W ", "D ".

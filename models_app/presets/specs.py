@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models_app.models import DEFAULT_MAX_WAIT, NodeSettings, Preset, RouterSettings
-from models_app.server_options import options_for
+from models_app.presets.server_options import options_for
 from routerpanel.router import options, placement, preflight, presets
 from routerpanel.router.config import PresetSpec, RouterConfig
 

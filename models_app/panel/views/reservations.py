@@ -20,12 +20,13 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from models_app import audit, reservations
-from models_app.forms import ReservationForm
+from models_app.accounts import reservations
+from models_app.accounts.roles import Role, require, role_of
+from models_app.audit import records as audit
 from models_app.models import Preset, Reservation
-from models_app.roles import Role, require, role_of
+from models_app.panel.forms import ReservationForm
+from models_app.panel.views import common
 from models_app.routing import transport
-from models_app.views import common
 
 
 @require_GET

@@ -11,7 +11,7 @@ from django.http.request import split_domain_port
 from django.shortcuts import render
 from django.utils import timezone
 
-from models_app import signin
+from models_app.accounts import signin
 
 LOCKED_STATUS = 429  # Too Many Requests: the client may try again later (axes' default too)
 

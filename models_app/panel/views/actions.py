@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from models_app import audit
+from models_app.audit import records as audit
 from models_app.models import Preset, RouterSettings
+from models_app.panel.views import common
+from models_app.panel.views.common import ACTION_WAIT, Answer
 from models_app.routing.messages import CancelQueuedCall, LoadCall, UnloadCall
-from models_app.views import common
-from models_app.views.common import ACTION_WAIT, Answer
 
 ACTIONS = ("load", "unload", "pin", "unpin", "cancel")
 

@@ -15,8 +15,9 @@ from django.core.exceptions import ValidationError
 from django.db import router, transaction
 from django.db.models.signals import post_save
 
-from models_app import audit, server_options
+from models_app.audit import records as audit
 from models_app.models import Preset, PresetSource, RouterSettings, default_program
+from models_app.presets import server_options
 from routerpanel.router import ini, presets
 
 

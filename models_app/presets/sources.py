@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
-from models_app import audit
+from models_app.audit import records as audit
 from models_app.models import Preset, PresetSource
 
 DRAFT_PREFIXES = ("mtp-", "dspark-", "dflash-")
@@ -156,7 +156,7 @@ def reimport_preset_file(path: str) -> bool:
     it was imported; raise ValueError for a missing file and ``ini.IniError`` (naming the line)
     for a malformed one.
     """
-    from models_app.presets_io import Origin, import_presets
+    from models_app.presets.files import Origin, import_presets
 
     file = Path(path)
     if not file.exists():

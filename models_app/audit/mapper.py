@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models_app.models import AuditKind
-from models_app.views.common import human_bytes
+from models_app.panel.views.common import human_bytes
 from routerpanel.router import states
 from routerpanel.router.catalogue import Event
 from routerpanel.router.decisions import StopReason

@@ -42,11 +42,14 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError
 from django.urls import reverse
 
-from models_app import audit, audit_labels, dashboard_sockets, dashboard_view, layers, topology
+from models_app.accounts.roles import Role, role_of
+from models_app.audit import labels as audit_labels
+from models_app.audit import records as audit
 from models_app.models import AuditEvent, Preset
-from models_app.roles import Role, role_of
+from models_app.panel import dashboard_sockets, dashboard_view
+from models_app.panel.views import actions, common, memory
+from models_app.routing import layers, topology
 from models_app.routing.messages import EventMessage, EventPayload, EventsMessage
-from models_app.views import actions, common, memory
 from routerpanel.router.catalogue import QUIET
 
 log = logging.getLogger(__name__)
@@ -192,7 +195,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # Ch
             self.nudge.set()
 
     async def layer_reconnected(self, message: dict[str, Any]) -> None:
-        """Redis came back (models_app.layers): events may have been lost, take a snapshot."""
+        """Redis came back (routing/layers.py): events may have been lost, take a snapshot."""
         self._resync()
 
     # ---- from the browser ---------------------------------------------------------------------

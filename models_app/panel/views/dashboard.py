@@ -16,10 +16,13 @@ from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from models_app import audit, dashboard_view, queue_reasons, reservations, topology
+from models_app.accounts import reservations
+from models_app.accounts.roles import Role, require
+from models_app.audit import records as audit
 from models_app.models import AuditEvent, Preset
-from models_app.roles import Role, require
-from models_app.views import actions, common, memory
+from models_app.panel import dashboard_view, queue_reasons
+from models_app.panel.views import actions, common, memory
+from models_app.routing import topology
 
 FEED_ROWS = 12
 

@@ -141,7 +141,7 @@ async def release(layer: Any, user: Any, channel: str) -> None:
 
 async def families(layer: Any) -> list[dict[str, Any]]:
     """Gauges of what this process's dashboard sockets hold (``metrics.render``'s input)."""
-    from models_app import layers, topology
+    from models_app.routing import layers, topology
 
     held = layers.held(layer)
     members = await layers.group_size(layer, topology.EVENTS_GROUP)

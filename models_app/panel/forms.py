@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.forms import formset_factory
 
+from models_app.accounts.roles import Role
 from models_app.models import (
     PAIR_RESERVED_KEYS,
     ApiKey,
@@ -27,7 +28,6 @@ from models_app.models import (
     validate_env,
     validate_model_patterns,
 )
-from models_app.roles import Role
 from routerpanel.router import ini, options, presets
 
 MAX_INI_BYTES = 1 << 20
@@ -550,7 +550,7 @@ class ReservationForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         from django.utils import timezone
 
-        from models_app import reservations
+        from models_app.accounts import reservations
 
         data = super().clean() or {}
         start, end, model = data.get("starts_at"), data.get("ends_at"), data.get("model")

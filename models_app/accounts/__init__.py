@@ -1,0 +1,1 @@
+"""The team: roles, sign-in, usage and quotas' records, reservations. docs/architecture.md."""
