@@ -108,7 +108,7 @@ def _presets_running_the_default() -> tuple[list[str], str]:
         if Preset._meta.db_table not in connection.introspection.table_names():
             return [], ""
         row = RouterSettings.objects.filter(pk=1).first()
-        command = runtime.OPTIONS.server_bin or (
+        command = runtime.current().server_bin or (
             row.server_binary if row is not None else settings.ROUTERPANEL["SERVER_BIN"]
         )
         global_def = row.global_def() if row is not None else None

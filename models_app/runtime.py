@@ -1,28 +1,62 @@
-"""Start-up options of this process that the web side reads (set once by ``serve``/``runrouter``).
+"""This process's start-up options, frozen (docs/architecture.md, "Configuration").
+
+``serve`` and ``runrouter`` build one ``Runtime`` from their command line (``from_options``) and
+``start`` it before anything else runs; it never changes afterwards. What can be handed it is:
+the API's ``ApiConfig`` (autoload), the router process (the sources to re-read on a reload), the
+key store (``--api-key``), the open-API warning. Django's views, models and system checks have
+no such way in, so they read ``current()`` — the same frozen value. Without a command (tests,
+``manage.py shell``) ``current()`` is the defaults.
 
 The web side and the router may live in different processes (team mode), so nothing here is
-shared state between them: each process sets its own from its own command line.
+shared between them: each process starts its own from its own command line.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from routerpanel.env import EnvError, envfloat, envint, envstr
+from routerpanel.env import EnvError, envfloat, envint, envstr, split_list
+from routerpanel.router.config import DEFAULT_LEASE_TTL
 
 
-@dataclass
-class RuntimeOptions:
+@dataclass(frozen=True)
+class Runtime:
     autoload: bool = True  # --no-models-autoload: the default of ?autoload= (ROUTER_SPEC §8)
-    api_keys: list[str] = field(default_factory=list)  # --api-key / LLAMA_API_KEY
+    api_keys: tuple[str, ...] = ()  # --api-key / LLAMA_API_KEY
     models_preset: str | None = None  # re-imported on GET /models?reload=1
     models_dir: str | None = None
     router: bool = True  # False with --no-router
     server_bin: str | None = None  # --server-bin: what check W001 looks for on PATH
 
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> Runtime:
+        """The runtime a command's parsed options describe (serve's and runrouter's flags)."""
+        return cls(
+            autoload=bool(options.get("autoload", True)),
+            api_keys=tuple(split_list(options.get("api_key"))),
+            models_preset=options.get("models_preset") or None,
+            models_dir=options.get("models_dir") or None,
+            router=not options.get("no_router", False),
+            server_bin=options.get("server_bin") or None,
+        )
 
-OPTIONS = RuntimeOptions()
+
+_started: Runtime | None = None
+
+
+def start(runtime: Runtime) -> Runtime:
+    """This process's runtime from now on (a command's first step); returns it."""
+    global _started
+    _started = runtime
+    return runtime
+
+
+def current() -> Runtime:
+    """The runtime a command started, else the defaults."""
+    return _started or Runtime()
 
 
 def add_router_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,8 +90,8 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "--lease-ttl",
         type=float,
         metavar="SECONDS",
-        default=envfloat("ROUTERPANEL_LEASE_TTL", 30.0, minimum=1.0),
-        help="a lease the web side stops renewing expires after this long (30)",
+        default=envfloat("ROUTERPANEL_LEASE_TTL", DEFAULT_LEASE_TTL, minimum=1.0),
+        help=f"a lease the web side stops renewing expires after this long ({DEFAULT_LEASE_TTL:g})",
     )
     parser.add_argument(
         "--max-wait",

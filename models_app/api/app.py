@@ -58,7 +58,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from models_app import security
+from models_app import runtime, security
 from models_app.accounts import usage
 from models_app.api import auth, proxy, routes, scopes, sse, usage_route
 from models_app.api.config import ApiConfig
@@ -356,5 +356,9 @@ def build_http_app(django_app: AsgiApp, **kwargs: Any) -> Api:
             quota_refusals=scopes.audited(scopes.QUOTA),
         ),
     )
-    kwargs.setdefault("config", ApiConfig(sse_keepalive=settings.ROUTERPANEL["SSE_KEEPALIVE"]))
+    started = runtime.current()  # serve starts it before it builds the app
+    kwargs.setdefault(
+        "config",
+        ApiConfig(sse_keepalive=settings.ROUTERPANEL["SSE_KEEPALIVE"], autoload=started.autoload),
+    )
     return Api(django_app, **kwargs)

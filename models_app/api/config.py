@@ -24,5 +24,7 @@ class ApiConfig:
     whole_answer_bytes: int = 1 * MIB
     # SSE comment interval so that proxies in front of us do not time the stream out.
     sse_keepalive: float = 15.0
+    # The default of ?autoload= (serve --no-models-autoload, ROUTER_SPEC §8.5).
+    autoload: bool = True
     # /props build_info: "b<build>-<commit>"; clients only check the "b" prefix (§9.7).
     build_info: str = "b11434-routerpanel"

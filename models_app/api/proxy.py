@@ -41,7 +41,6 @@ from email import policy
 from email.parser import BytesParser
 from typing import TYPE_CHECKING
 
-from models_app import runtime
 from models_app.accounts import usage
 from models_app.api import jsonbody, waiting
 from models_app.api.errors import NOT_FOUND, ApiError, dumps, encoded_error
@@ -135,10 +134,11 @@ def multipart_fields(body: bytes, content_type: bytes) -> dict[str, str]:
     return fields
 
 
-def autoload_flag(value: str | None) -> bool:
-    """§8.5: absent or empty is the server default; exactly ``true`` or ``1`` is on; else off."""
+def autoload_flag(value: str | None, default: bool) -> bool:
+    """§8.5: absent or empty is the server's ``default``; exactly ``true`` or ``1`` is on; else
+    off."""
     if not value:
-        return runtime.OPTIONS.autoload
+        return default
     return value in ("true", "1")
 
 
@@ -151,7 +151,7 @@ async def forward(
         raise ApiError(400, "model name is missing from the request")
     if api.stopping:
         raise ApiError(503, "router is shutting down")
-    autoload = autoload_flag(request.query("autoload"))
+    autoload = autoload_flag(request.query("autoload"), api.config.autoload)
     ticket = api.gate.admit(request, model)  # issue 17.1: 403 out of scope, 429 over the limit
     router_id = api.claim_request_id(request.request_id)
     request.watch_disconnect()

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from channels.layers import get_channel_layer
 
-from models_app import runtime
 from models_app.api import jsonbody, listing, proxy
 from models_app.api.errors import FEATURE_DISABLED, ApiError, dumps
 from models_app.api.request import Request
@@ -66,7 +65,7 @@ async def props(api: ApiContext, request: Request) -> None:
         {
             "role": "router",
             "max_instances": config.get("models_max", 0),
-            "models_autoload": runtime.OPTIONS.autoload,
+            "models_autoload": api.config.autoload,
             "model_alias": "llama-server",
             "model_path": "none",
             "default_generation_settings": {"params": None, "n_ctx": 0},

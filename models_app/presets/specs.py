@@ -14,7 +14,7 @@ from typing import Any
 from models_app.models import DEFAULT_MAX_WAIT, NodeSettings, Preset, RouterSettings
 from models_app.presets.server_options import options_for
 from routerpanel.router import options, placement, preflight, presets
-from routerpanel.router.config import PresetSpec, RouterConfig
+from routerpanel.router.config import DEFAULT_LEASE_TTL, PresetSpec, RouterConfig
 
 # Programs known to speak llama-server's child protocol (state lines on stdout, exit on stdin).
 # Anything else is polled on /health (S3).
@@ -29,7 +29,7 @@ class Overrides:
     models_max: int | None = None
     max_wait: float | None = None  # --max-wait: wins over the stored setting
     server_bin: str | None = None
-    lease_ttl: float = 30.0
+    lease_ttl: float = DEFAULT_LEASE_TTL
     queue_policy: str | None = None
     extra_env: tuple[tuple[str, str], ...] = field(default=())
     # Several hosts (issue 18): this router's node name ("" = the single router of team mode or

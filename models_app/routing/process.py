@@ -11,6 +11,7 @@ outages: the channel listener restarts, the heartbeat and the lock refresh retry
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import resource
@@ -104,7 +105,7 @@ class RouterProcess:
             get_channel_layer(),
             overrides=overrides,
             state_file=settings.DATA_DIR / "children.json",
-            before_reload=reimport_sources,
+            before_reload=functools.partial(reimport_sources, runtime.current()),
             boot=self.boot,
         )
         if link and settings.REDIS_URL and settings.ROUTERPANEL_ROUTER_LINK:
@@ -161,14 +162,14 @@ class RouterProcess:
             self.lock.release()
 
 
-async def reimport_sources() -> None:
+async def reimport_sources(started: runtime.Runtime) -> None:
     """Re-read ``--models-preset``/``--models-dir`` before a reload (GET /models?reload=1)."""
     from asgiref.sync import sync_to_async
 
     def reimport() -> None:
-        if runtime.OPTIONS.models_preset:
-            sources.reimport_preset_file(runtime.OPTIONS.models_preset)
-        if runtime.OPTIONS.models_dir:
-            sources.import_models_dir(runtime.OPTIONS.models_dir)
+        if started.models_preset:
+            sources.reimport_preset_file(started.models_preset)
+        if started.models_dir:
+            sources.import_models_dir(started.models_dir)
 
     await sync_to_async(reimport)()

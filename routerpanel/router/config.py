@@ -17,6 +17,7 @@ from enum import StrEnum
 # router: 10, ROUTER_SPEC 2.12). The one spelling: presets, settings, the supervisor and the API
 # take it from here.
 DEFAULT_STOP_TIMEOUT = 10
+DEFAULT_LEASE_TTL = 30.0  # seconds a lease lives unrenewed (team mode; in process it never ends)
 
 # The supervisor appends these (S2); a preset that carries them would fight it.
 _RESERVED_FLAGS = ("--host", "--port")
@@ -172,7 +173,7 @@ class RouterConfig:
     max_wait: float | None = None
     quarantine_after: int = 3
     default_stop_timeout: float = float(DEFAULT_STOP_TIMEOUT)
-    lease_ttl: float = 30.0
+    lease_ttl: float = DEFAULT_LEASE_TTL
     queue_policy: QueuePolicy = QueuePolicy.FIFO
     child_host: str = "127.0.0.1"
     child_keys: bool = False

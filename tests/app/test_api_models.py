@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
-from models_app import runtime
 from models_app.api import listing
+from models_app.api.app import Api
 from tests.support.asgi import AsgiClient
 from tests.support.fake_router import FakeRouter, Reject, Silent
 
@@ -67,9 +68,9 @@ class TestProps:
         assert body["build_info"].startswith("b")
 
     async def test_it_reports_no_autoload(
-        self, client: AsgiClient, monkeypatch: pytest.MonkeyPatch
+        self, api: Api, client: AsgiClient, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr(runtime.OPTIONS, "autoload", False)
+        monkeypatch.setattr(api, "config", replace(api.config, autoload=False))
         assert (await client.get("/props")).json()["models_autoload"] is False
 
     async def test_a_silent_router_is_503_router_unavailable(

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from models_app import runtime
 from models_app.api import ApiConfig
+from models_app.api.app import Api
 from tests.support.asgi import AsgiClient
 from tests.support.fake_router import FakeRouter, Grant, Reject, Silent
 from tests.support.upstreams import ScriptedUpstream, SimServer
@@ -96,12 +97,13 @@ class TestAutoload:
 
     async def test_absent_means_the_servers_default(
         self,
+        api: Api,
         client: AsgiClient,
         router: FakeRouter,
         sim_model: str,
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        monkeypatch.setattr(runtime.OPTIONS, "autoload", False)
+        monkeypatch.setattr(api, "config", replace(api.config, autoload=False))
         await client.post("/tokenize", {"model": "sim", "content": "a"})
         assert (await router.wait_for("router.acquire"))["autoload"] is False
 

@@ -85,7 +85,7 @@ class TestMissingServerBinary:
         RouterSettings.objects.update_or_create(pk=1, defaults={"server_binary": "nope-bin"})
         assert ids(checks.check_server_bin()) == ["routerpanel.W001"]
         sim = "python3 -m routerpanel.router.simserver"
-        monkeypatch.setattr(runtime.OPTIONS, "server_bin", sim)
+        monkeypatch.setattr(runtime, "_started", runtime.Runtime(server_bin=sim))
         assert checks.check_server_bin() == []
 
 

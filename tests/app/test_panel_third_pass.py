@@ -46,7 +46,7 @@ class TestTheOpenApi:
     def test_a_static_key_closes_it_too(
         self, admin_client: Client, panel_router: RouterStub, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr(runtime.OPTIONS, "api_keys", ["sk-static"])
+        monkeypatch.setattr(runtime, "_started", runtime.Runtime(api_keys=("sk-static",)))
         assert banner(admin_client, "/keys/") is None
 
     def test_serve_on_the_network_says_it_in_one_line_with_the_step_that_closes_it(self) -> None:

@@ -97,8 +97,8 @@ def _check_preset_file(path: str) -> None:
 
 def _default_program() -> str:
     """The default server command, read without creating or migrating anything."""
-    if runtime.OPTIONS.server_bin:
-        return runtime.OPTIONS.server_bin
+    if server_bin := runtime.current().server_bin:
+        return server_bin
     from models_app.models import RouterSettings
 
     database = settings.DATABASES["default"]

@@ -82,7 +82,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        runtime.OPTIONS.server_bin = options["server_bin"]
+        runtime.start(runtime.Runtime.from_options(options))
         if not options.get("skip_checks"):
             self.check()
         bootstrap.migrate()
@@ -99,8 +99,6 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         if router.lock.took_over is not None:
             self.stdout.write(f"replaced a dead router ({router.lock.took_over.describe()})")
-        runtime.OPTIONS.models_preset = options["models_preset"]
-        runtime.OPTIONS.models_dir = options["models_dir"]
         try:
             self._import_sources(options)
         except BaseException:

@@ -27,7 +27,7 @@ from models_app.models import Preset, RouterSettings
 from models_app.presets import sources
 from models_app.routing.locks import LockHeld
 from models_app.routing.process import RouterProcess, raise_open_files_limit
-from routerpanel.env import envbool, envfloat, envint, envstr, split_list
+from routerpanel.env import envbool, envfloat, envint, envstr
 from routerpanel.router import states
 
 LISTEN_BACKLOG = 1024  # connections the kernel may hold before Daphne accepts them
@@ -88,7 +88,7 @@ class Command(BaseCommand):
         parser.add_argument("--demo-if-empty", action="store_true", help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        runtime.OPTIONS.server_bin = options["server_bin"]
+        started = runtime.start(runtime.Runtime.from_options(options))
         # Every input is checked before anything changes: a bad flag must not leave a created
         # admin (whose one-time password scrolled by) or half the sources imported behind.
         inputs.check_listen_address(options["host"], options["port"])
@@ -99,8 +99,8 @@ class Command(BaseCommand):
         if not options.get("skip_checks"):
             self.check()
         bootstrap.migrate()
-        self._configure_web(options)
-        security.warn_if_open(options["host"], runtime.OPTIONS.api_keys, self.stderr)
+        auth.configure(started.api_keys)
+        security.warn_if_open(options["host"], started.api_keys, self.stderr)
         if not options["no_router"]:
             self._import_sources(options)
         self._announce_admin()
@@ -115,14 +115,6 @@ class Command(BaseCommand):
                     "It is shown only this once; change it in the panel."
                 )
             )
-
-    def _configure_web(self, options: dict[str, Any]) -> None:
-        runtime.OPTIONS.autoload = options["autoload"]
-        runtime.OPTIONS.api_keys = split_list(options["api_key"])
-        runtime.OPTIONS.models_preset = options["models_preset"]
-        runtime.OPTIONS.models_dir = options["models_dir"]
-        runtime.OPTIONS.router = not options["no_router"]
-        auth.configure(runtime.OPTIONS.api_keys)
 
     def _import_sources(self, options: dict[str, Any]) -> None:
         """Bring ``--models-preset``, ``--models-dir`` and ``--demo`` into the database."""

@@ -170,7 +170,7 @@ def _save_settings(request: HttpRequest, form: SettingsForm) -> HttpResponse:
 
 def api_open() -> bool:
     """Whether the router API serves requests without a key (no ``--api-key``, the switch off)."""
-    return not any(runtime.OPTIONS.api_keys) and not RouterSettings.load().require_api_key
+    return not runtime.current().api_keys and not RouterSettings.load().require_api_key
 
 
 def _readable(row: RouterSettings) -> list[tuple[str, str]]:
