@@ -2,7 +2,7 @@
 
 A preset's keys are checked against the program that will run it (``presets.check_option``):
 the preset's own ``server-bin``, else the one in ``[*]``, else the default (``serve
---server-bin``, else the stored setting: ``RouterSettings.program_for`` in models.py, which
+--server-bin``, else the stored setting: ``RouterSettings.program_for`` in models/settings.py, which
 imports this module and never the reverse). This module runs ``PROGRAM --help`` and hands the text
 to the engine's pure parser (``helptext.parse_help``). The answer is cached by the command, the
 binary's resolved path and its mtime, so a rebuilt binary is read again and an unchanged one
