@@ -2,7 +2,7 @@
 
 ``AuditWriter`` is the listener the router host registers, called synchronously for every
 engine event in the engine's own publish path (``Engine.add_tap``). On the router's loop it only
-feeds the mapper (audit_mapper.py) and appends what it makes to the journal (audit_journal.py):
+feeds the mapper (mapper.py) and appends what it makes to the journal (journal.py):
 a few microseconds, no database. A thread reads the journal and stores rows in batches with
 ``AuditEvent.objects.record_many``, which skips rows already stored (by boot id and seq). While
 the database is unavailable the rows simply wait in the journal; the thread retries with
@@ -33,15 +33,9 @@ from models_app.audit.journal import (
     final,
     pending,
 )
-from models_app.audit.mapper import (
-    AFTER_EXIT,
-    AUDIT_TAIL_LINES,
-    STOP_GRACE,
-    AuditMapper,
-    Row,
-    new_router_id,
-    stop_reason,
-)
+from models_app.audit.mapper import AuditMapper, new_router_id, stop_reason
+from models_app.audit.rows import AUDIT_TAIL_LINES, Row
+from models_app.audit.stops import AFTER_EXIT, STOP_GRACE
 from models_app.db import drop_stale_connections
 from models_app.models import AuditEvent
 from routerpanel.router.engine import Engine
