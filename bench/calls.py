@@ -45,6 +45,9 @@ AREAS = ("engine", "API and bridge", "HTTP server", "Django and Channels", "stdl
 SERVER_ADAPTERS = (
     "/servers/uvicorn_server.py",
     "/servers/daphne_server.py",
+    "/servers/daphne_connection.py",
+    "/servers/daphne_guard.py",
+    "/servers/daphne_writes.py",
     "routerpanel/reactor.py",
 )
 
@@ -162,7 +165,7 @@ def run(requests: int) -> Table:
         "Calls counted with sys.setprofile in the thread that runs the event loop, from the "
         "first request of the row to shortly after its last, divided by the requests. Areas "
         "split the Python calls by the file of the function called; the HTTP server includes "
-        "our adapters to it (daphne_server.py, uvicorn_server.py, reactor.py)."
+        "our adapters to it (daphne_*.py, uvicorn_server.py, reactor.py)."
     )
     return table
 

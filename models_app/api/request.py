@@ -6,7 +6,7 @@ answer, CORS for browsers (§9.2), and the generic body on every 404 (§9.3a, §
 
 A body must arrive whole within the body timeout (``ROUTERPANEL_BODY_TIMEOUT``, 30 s) or the
 request is answered 408; one longer than the limit is 413. Under ``serve`` the server itself
-enforces both before the application sees the request (``servers/daphne_server.py``):
+enforces both before the application sees the request (``servers/daphne_guard.py``):
 these checks are the same rules for any other ASGI server.
 
 Headers are kept as a dict of lower-case byte names (ASGI gives them lower-cased); a repeated
@@ -53,7 +53,7 @@ def request_id_from(value: bytes | None) -> str:
 
 # The scope extension a server may offer for a streamed answer's pieces: a callable that writes
 # one at once and says True, or says False when it must go as an ASGI message (``serve`` offers
-# it under both servers, daphne_server.chunk_now and uvicorn_server.chunk_now; the pump uses
+# it under both servers, daphne_writes.chunk_now and uvicorn_server.chunk_now; the pump uses
 # it, pump.py).
 CHUNK_NOW = "routerpanel.chunk_now"
 

@@ -1,4 +1,4 @@
-"""``serve`` on Daphne: how a listening port accepts (``daphne_server.accept``).
+"""``serve`` on Daphne: how a listening port accepts (``daphne_connection.accept``).
 
 ``RouterPanelServer`` replaces Twisted's ``Port.doRead`` with a shorter accept for the common
 case and hands every accept error to Twisted's own. These tests check on a real server what a
@@ -32,7 +32,7 @@ import json, os, resource, sys
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
 import django
 django.setup()
-from models_app.servers import daphne_server
+from models_app.servers import daphne_connection
 from models_app.servers.daphne_server import RouterPanelServer
 from twisted.internet import reactor
 
@@ -45,7 +45,7 @@ async def app(scope, receive, send):
     port = server.ports[0]
     body = json.dumps({
         "client": scope["client"],
-        "ours": getattr(port.doRead, "func", None) is daphne_server.accept,
+        "ours": getattr(port.doRead, "func", None) is daphne_connection.accept,
         "open": len(sockets),
         "inheritable": sum(s.get_inheritable() for s in sockets),
     }).encode()
@@ -130,7 +130,7 @@ def test_a_burst_of_connections_is_accepted_and_each_answered_with_its_own_addre
             assert head.startswith(b"HTTP/1.1 200"), raw[:200]
             bodies.append(json.loads(body))
         assert [b["client"] for b in bodies] == mine  # each its own connection
-        assert all(b["ours"] for b in bodies)  # the port accepts with ``daphne_server.accept``
+        assert all(b["ours"] for b in bodies)  # the port accepts with ``daphne_connection.accept``
         assert max(b["open"] for b in bodies) > 1  # several were open together
         assert sum(b["inheritable"] for b in bodies) == 0  # none leaks into a child process
 

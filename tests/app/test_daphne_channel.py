@@ -32,7 +32,8 @@ import asyncio, json, os, sys
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
 import django
 django.setup()
-from models_app.servers.daphne_server import RouterPanelServer, _IdleTimer
+from models_app.servers.daphne_connection import _IdleTimer
+from models_app.servers.daphne_server import RouterPanelServer
 from twisted.internet import reactor
 
 counts = {"twisted_idle_timers": 0}

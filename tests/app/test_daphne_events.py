@@ -1,9 +1,9 @@
 """``serve`` on Daphne: how a ready socket reaches Twisted (``daphne_server``).
 
-* A new connection is read in the turn of the loop that accepted it (``daphne_server.accept``): the
-  request a client sent right after its connect is handled without waiting for the loop to
-  report the socket readable. A client that has sent nothing yet, or that sent its request and
-  closed at once, is served (or let go) as before.
+* A new connection is read in the turn of the loop that accepted it
+  (``daphne_connection.accept``): the request a client sent right after its connect is handled
+  without waiting for the loop to report the socket readable. A client that has sent nothing
+  yet, or that sent its request and closed at once, is served (or let go) as before.
 * The reactor calls each ready socket's handler without Twisted's log context
   (``daphne_server._call_without_log_context``); a handler that fails is logged, with the socket's
   log prefix, and the server serves on.

@@ -230,7 +230,7 @@ import asyncio, json, os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
 import django
 django.setup()
-from models_app.servers import daphne_server  # installs the reactor
+from models_app.servers import daphne_writes  # installs the reactor
 
 class Socket:
     def __init__(self, takes):
@@ -254,7 +254,7 @@ class Transport:  # the attributes of twisted.internet.tcp.Server that the rule 
 
 async def case(pending=False, **state):
     transport = Transport(**state)
-    writer = daphne_server._SoonWriter(transport)
+    writer = daphne_writes._SoonWriter(transport)
     writer.pending = pending
     writer.send(b"0123456789")
     return {"socket": [d.decode() for d in transport.socket.sent],
@@ -303,7 +303,7 @@ import asyncio, json, os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerpanel.settings")
 import django
 django.setup()
-from models_app.servers import daphne_server  # installs the reactor
+from models_app.servers import daphne_writes  # installs the reactor
 
 class Transport:  # what _SoonWriter's flush reads of twisted.internet.tcp.Server
     connected, dataBuffer, _tempDataBuffer = 1, b"", []
@@ -318,15 +318,15 @@ class Transport:  # what _SoonWriter's flush reads of twisted.internet.tcp.Serve
 
 async def main():
     transport = Transport()
-    writer = daphne_server._SoonWriter(transport)
+    writer = daphne_writes._SoonWriter(transport)
     writer.install()
     transport.startWriting()           # an answer's bytes are buffered: a flush is due ...
     transport.startWriting()           # ... once, however many writes come in the turn
-    daphne_server.send_now(transport)        # the answer is complete: sent now
+    daphne_writes.send_now(transport)        # the answer is complete: sent now
     now = transport.writes
     await asyncio.sleep(0.05)          # the due flush was cancelled: nothing more
     later = transport.writes
-    daphne_server.send_now(transport)        # nothing due: nothing to send
+    daphne_writes.send_now(transport)        # nothing due: nothing to send
     print(json.dumps({"now": now, "later": later, "idle": transport.writes}))
 
 asyncio.run(main())
