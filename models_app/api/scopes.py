@@ -18,8 +18,8 @@ is exact there; in team mode each of N web processes counts its own requests, so
 have up to N × its limit in flight in all (README, "Scoped keys").
 
 Refusals: 403 ``permission_error`` naming the key and the model, 429 with ``Retry-After``, both
-in llama.cpp's error shape and audited through ``auth.AuditWindow`` (one row at once, then at
-most one per minute per kind, with counts per key, model and client).
+in llama.cpp's error shape and audited through ``audit_window.AuditWindow`` (one row at once,
+then at most one per minute per kind, with counts per key, model and client).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from models_app.api.auth import AuditWindow, Caller, KeyStore, client_of
+from models_app.api.audit_window import AuditWindow
+from models_app.api.auth import Caller, KeyStore, client_of
 from models_app.api.errors import ApiError
 from models_app.api.quotas import QuotaBook
 from models_app.api.request import Request
