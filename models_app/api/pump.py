@@ -15,7 +15,7 @@ in order before it takes the sink back. The task itself only waits for the end, 
 a suspended send.
 
 Under ``serve`` both servers also offer ``chunk_now`` in the scope (``request.CHUNK_NOW``;
-servers/daphne_server.py, servers/uvicorn_server.py): a plain call that writes a piece at once,
+servers/daphne_writes.py, servers/uvicorn_server.py): a plain call that writes a piece at once,
 as ``send`` would, or says False where ``send`` would do otherwise. The pump tries it first,
 which saves the message and the coroutine per token; a piece it refuses goes through ``send``
 as above.
@@ -28,8 +28,9 @@ from collections.abc import Awaitable, Generator
 from typing import Any
 
 from models_app.api.lease import LeaseKeeper
-from models_app.api.relay import Answer, UpstreamError
+from models_app.api.relay import Answer
 from models_app.api.request import CHUNK_NOW, Request
+from models_app.api.upstream_errors import UpstreamError
 
 
 def start_now(awaitable: Awaitable[None]) -> asyncio.Future[None] | None:

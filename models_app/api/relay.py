@@ -39,34 +39,23 @@ from typing import cast
 
 import httptools
 
+from models_app.api.upstream_errors import (
+    CONNECT_FAILED,
+    CONNECT_TIMEOUT,
+    READ_FAILED,
+    READ_TIMEOUT,
+    Stale,
+    UpstreamError,
+)
+
 HIGH_WATER = 256 * 1024  # unread bytes past which the socket is no longer read
 LOW_WATER = 64 * 1024  # ... and below which it is read again
-
-CONNECT_FAILED = "Could not establish connection"
-CONNECT_TIMEOUT = "Connection timed out"
-READ_TIMEOUT = "Read timeout"
-READ_FAILED = "Failed to read connection"
 
 # A kept-alive connection the child closed while it was idle, crossing our request, ends at
 # once: its close is seen in the loop's next turns. One that ends later, without an answer
 # byte, was read by a child that then failed: the request is not sent again (a second
 # generation, or a dead child's "Could not establish connection" in place of its own error).
 STALE_WINDOW = 0.25
-
-
-class UpstreamError(Exception):
-    """The child could not be reached or broke off; ``text`` is cpp-httplib's wording."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-
-class Stale(UpstreamError):
-    """The connection ended before any byte of the answer and within ``STALE_WINDOW`` of the
-    request: the child never read it (on a kept-alive connection: it had closed it first; the
-    pool sends it again)."""
-
 
 HEADER_LINE = b"%s: %s\r\n"
 

@@ -16,7 +16,7 @@ llama-server (cpp-httplib) closes a keep-alive connection after a stream, after 
 when idle for 5 s, without saying so. A pooled connection the child closed while it was idle
 is noticed (EOF) and dropped; one idle longer than ``keepalive_expiry`` is not reused. The close
 can still race with the reuse: the request is then written to a dead socket and the connection
-ends at once, before any answer byte (``relay.Stale``: within ``relay.STALE_WINDOW``). Such a
+ends at once, before any answer byte (``Stale``: within ``relay.STALE_WINDOW``). Such a
 request never reached the child, so it is sent once more on a connection made for it; one that
 ends later without an answer was read by a child that failed, and is not sent again. A failure
 on a *new* connection is a real error (the child is gone or broken) and is not retried.
@@ -34,7 +34,8 @@ from collections.abc import Sequence
 
 from models_app.api import relay
 from models_app.api.config import ApiConfig
-from models_app.api.relay import Answer, UpstreamError
+from models_app.api.relay import Answer
+from models_app.api.upstream_errors import Stale, UpstreamError
 from routerpanel.router.address import ChildAddress
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class ChildPool:
         if conn is not None:
             try:
                 return await self._exchange(conn, request, method)
-            except relay.Stale as exc:
+            except Stale as exc:
                 log.debug("pooled connection to port %s was closed (%s): retrying once",
                           self.port, exc)  # fmt: skip
                 self.retries += 1
@@ -89,7 +90,7 @@ class ChildPool:
         )  # fmt: skip
         try:
             return await self._exchange(conn, request, method)
-        except relay.Stale as exc:
+        except Stale as exc:
             raise UpstreamError(exc.text) from None
 
     def _reuse(self) -> relay.Connection | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from models_app.api import relay
+from models_app.api import relay, upstream_errors
 from models_app.api.config import ApiConfig
 from models_app.api.upstream import ChildPool, UpstreamError
 from routerpanel.router.address import LOOPBACK, ChildAddress
@@ -232,14 +232,14 @@ async def exchange_then(second: bytes, hold: float = 0.0) -> tuple[ChildPool, Up
 
 async def test_a_kept_alive_connection_that_breaks_off_after_answer_bytes_is_not_retried() -> None:
     pool, error, received = await exchange_then(b"HTTP/1.1 200 OK\r\nContent-Le")
-    assert (error.text, pool.retries, received) == (relay.READ_FAILED, 0, 2)
+    assert (error.text, pool.retries, received) == (upstream_errors.READ_FAILED, 0, 2)
 
 
 async def test_a_request_the_child_held_before_it_closed_is_not_sent_again() -> None:
     # It read the request and failed later (not the idle close that crossed it): no second try
     pool, error, received = await exchange_then(b"", hold=2 * relay.STALE_WINDOW)
-    assert (error.text, pool.retries, received) == (relay.READ_FAILED, 0, 2)
-    assert not isinstance(error, relay.Stale)
+    assert (error.text, pool.retries, received) == (upstream_errors.READ_FAILED, 0, 2)
+    assert not isinstance(error, upstream_errors.Stale)
 
 
 async def test_a_body_with_a_transfer_coding_other_than_chunked_ends_at_close() -> None:
