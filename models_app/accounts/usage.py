@@ -230,7 +230,8 @@ RECORDER = UsageRecorder()
 # ---- the database side (threads of their own) -------------------------------------------------
 
 
-def _hour(t: datetime) -> datetime:
+def hour_of(t: datetime) -> datetime:
+    """The start of ``t``'s hour (a ``UsageHour``'s ``hour``)."""
     return t.replace(minute=0, second=0, microsecond=0)
 
 
@@ -265,7 +266,7 @@ def write_batch(batch: Iterable[Usage]) -> int:
                     u.completion_tokens, u.duration * 1000,
                 )
             )  # fmt: skip
-            sums = hours.setdefault((_hour(when), actor[:200], key[:200], u.model[:200]), {})
+            sums = hours.setdefault((hour_of(when), actor[:200], key[:200], u.model[:200]), {})
             for name, value in (
                 ("requests", 1), ("prompt_tokens", u.prompt_tokens or 0),
                 ("completion_tokens", u.completion_tokens or 0), ("queue_seconds", u.queued),
@@ -310,91 +311,6 @@ def _insert_sql() -> str:
     return f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({marks})"
 
 
-GROUPS = {"actor": "actor", "model": "model", "key": "key"}
-
-
-def summary(
-    by: str, since: datetime | None, until: datetime | None, actor: str | None = None
-) -> list[dict[str, Any]]:
-    """``/usage``'s rows: sums per ``by`` (actor, model or key) of the requests that arrived
-    in [since, until), only ``actor``'s when given; busiest first."""
-    from django.db.models import Count, F, Q, Sum
-    from django.db.models.functions import Coalesce
-
-    from models_app.models import UsageRecord
-
-    rows = UsageRecord.objects.all()
-    if since is not None:
-        rows = rows.filter(time__gte=since)
-    if until is not None:
-        rows = rows.filter(time__lt=until)
-    if actor is not None:
-        rows = rows.filter(actor=actor)
-    if by == "key":
-        rows = rows.exclude(key="")
-    column = GROUPS[by]
-    sums = (
-        rows.values(column)
-        .annotate(
-            requests=Count("id"),
-            prompt_tokens=Coalesce(Sum("prompt_tokens"), 0),
-            completion_tokens=Coalesce(Sum("completion_tokens"), 0),
-            queue_ms=Coalesce(Sum("queue_ms"), 0.0),
-            loads_caused=Count("id", filter=Q(caused_load=True)),
-            load_ms_caused=Coalesce(Sum("load_ms", filter=Q(caused_load=True)), 0.0),
-            model_ms=Coalesce(Sum("duration_ms"), 0.0),
-        )
-        .order_by(F("model_ms").desc(), column)
-    )
-    return [
-        {
-            by: row[column],
-            "requests": row["requests"],
-            "prompt_tokens": row["prompt_tokens"],
-            "completion_tokens": row["completion_tokens"],
-            "queue_seconds": round(row["queue_ms"] / 1000, 3),
-            "loads_caused": row["loads_caused"],
-            "load_seconds_caused": round(row["load_ms_caused"] / 1000, 3),
-            "model_seconds": round(row["model_ms"] / 1000, 3),
-        }
-        for row in sums
-    ]
-
-
-def hourly(
-    since: datetime, until: datetime | None = None, actor: str | None = None
-) -> list[dict[str, Any]]:
-    """Per hour and model: requests, tokens and model-seconds (the panel's chart)."""
-    from django.db.models import Sum
-
-    from models_app.models import UsageHour
-
-    rows = UsageHour.objects.filter(hour__gte=_hour(since))
-    if until is not None:
-        rows = rows.filter(hour__lt=until)
-    if actor is not None:
-        rows = rows.filter(actor=actor)
-    sums = (
-        rows.values("hour", "model")
-        .annotate(
-            requests=Sum("requests"),
-            tokens=Sum("completion_tokens"),
-            model_seconds=Sum("model_seconds"),
-        )
-        .order_by("hour", "model")
-    )
-    return [
-        {
-            "hour": row["hour"].isoformat(),
-            "model": row["model"],
-            "requests": row["requests"],
-            "completion_tokens": row["tokens"],
-            "model_seconds": round(row["model_seconds"], 3),
-        }
-        for row in sums
-    ]
-
-
 def purge_expired(now: datetime | None = None) -> int:
     """Delete usage rows and hours older than the audit retention setting (none: keep)."""
     from django.utils import timezone
@@ -406,5 +322,5 @@ def purge_expired(now: datetime | None = None) -> int:
         return 0
     cutoff = (now or timezone.now()) - timedelta(days=days)
     deleted: int = UsageRecord.objects.filter(time__lt=cutoff).delete()[0]
-    UsageHour.objects.filter(hour__lt=_hour(cutoff)).delete()
+    UsageHour.objects.filter(hour__lt=hour_of(cutoff)).delete()
     return deleted

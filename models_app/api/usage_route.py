@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
-from models_app.accounts import usage
+from models_app.accounts import usage, usage_report
 from models_app.api.errors import ApiError
 from models_app.db import own_connection
 
@@ -57,7 +57,7 @@ def own_rows_only(actor: str) -> str | None:
 
 async def usage_summary(api: ApiContext, request: Request) -> None:
     by = request.query("by") or "actor"
-    if by not in usage.GROUPS:
+    if by not in usage_report.GROUPS:
         raise ApiError(400, f"invalid 'by': {by!r} (one of actor, model, key)")
     since = parse_time("since", request.query("since"))
     until = parse_time("until", request.query("until"))
@@ -81,4 +81,4 @@ async def usage_summary(api: ApiContext, request: Request) -> None:
 
 @own_connection
 def _summary(actor: str, by: str, since: datetime, until: datetime | None) -> list[dict[str, Any]]:
-    return usage.summary(by, since, until, own_rows_only(actor))
+    return usage_report.summary(by, since, until, own_rows_only(actor))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from models_app import tasks
-from models_app.accounts import usage
+from models_app.accounts import usage, usage_report
 from models_app.accounts.roles import Role
 from models_app.api import Api
 from models_app.api.auth import Caller, digest
@@ -289,7 +289,7 @@ class TestStored:
         def away(*args: object) -> None:
             raise OperationalError("connection refused")
 
-        monkeypatch.setattr(usage, "summary", away)
+        monkeypatch.setattr(usage_report, "summary", away)
         response = await client.get("/usage?by=model")
         assert response.status == 503
         assert response.json()["error"] == {

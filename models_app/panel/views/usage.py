@@ -19,7 +19,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from models_app.accounts import usage
+from models_app.accounts import usage_report
 from models_app.accounts.roles import Role, require, role_of
 from models_app.api.quotas import Limit, tokens_today_in_database
 from models_app.audit import records as audit
@@ -39,25 +39,25 @@ COLUMNS = (
 @require(Role.VIEWER)
 def usage_page(request: HttpRequest) -> HttpResponse:
     by = request.GET.get("by", "actor")
-    by = by if by in usage.GROUPS else "actor"
+    by = by if by in usage_report.GROUPS else "actor"
     days = request.GET.get("days", "7")
     days = days if days in SPANS else "7"
     now = timezone.now()
     since = now - timedelta(days=SPANS[days])
     everyone = role_of(request.user) >= Role.OPERATOR
     actor = None if everyone else request.user.get_username()
-    rows = usage.summary(by, since, None, actor)
+    rows = usage_report.summary(by, since, None, actor)
     if request.GET.get("format") == "csv":
         return _csv(by, rows, days)
     context = {
         "by": by,
         "days": days,
         "spans": list(SPANS),
-        "groups": list(usage.GROUPS),
+        "groups": list(usage_report.GROUPS),
         "rows": rows,
         "columns": COLUMNS,
         "everyone": everyone,
-        "hourly": usage.hourly(since, None, actor),
+        "hourly": usage_report.hourly(since, None, actor),
         "window": [since.timestamp(), now.timestamp()],  # what the chart's time axis spans
         "quotas": quota_rows(request.user, everyone),
         "quota_form": _quota_form() if role_of(request.user) >= Role.ADMIN else None,
