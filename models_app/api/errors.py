@@ -5,7 +5,9 @@ the router's refusal, through ``ApiError.from_rejection``). Bodies are built as 
 the key orders llama.cpp emits: ``code, message, type`` for handler errors, and
 ``message, type, code`` for the three bodies its HTTP middleware writes (401, the 404 of an
 unknown route, the 503 of a loading child). Every 404, whoever produced it, is answered with the
-generic ``File Not Found`` body (§9.3a, §15.29 keep): ``NOT_FOUND`` is the only 404 body we send.
+generic ``File Not Found`` body (§9.3a, §15.29 keep), with one exception that is not llama.cpp's
+route: ``GET /v1/models/{id}`` of an id it does not list answers OpenAI's ``model_not_found``
+(``Request.respond(own_404=True)``), as OpenAI SDKs expect.
 """
 
 from __future__ import annotations
