@@ -18,7 +18,7 @@ PYTEST := ROUTERPANEL_DATA_DIR=$${ROUTERPANEL_DATA_DIR:-$$(mktemp -d)} $(PY) -m 
 # workers take every other test one at a time.
 PARALLEL := -n $(JOBS) --dist loadgroup
 
-.PHONY: run test check bench-smoke lint setup lock clean
+.PHONY: run test check bench-smoke lint docs docs-serve setup lock clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy routerpanel models_app
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a link to a missing page or anchor
+# fails the build. docs-serve rebuilds it on every change at http://127.0.0.1:8000/.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+docs: $(STAMP)
+	$(MKDOCS) build --strict --quiet
+
+docs-serve: $(STAMP)
+	$(MKDOCS) serve --strict
 
 clean:
 	rm -rf $(VENV)

@@ -1,4 +1,4 @@
-"""What a child inherits from the router's environment, as the README says (issue 14).
+"""What a child inherits from the router's environment, as docs/serving.md says (issue 14).
 
 The router's own variables are removed (so an API key or ``--models-max`` never reaches a
 child); every other ``LLAMA_ARG_*`` passes through, as in llama.cpp. Through a real
@@ -46,8 +46,8 @@ def test_children_get_every_llama_arg_but_the_routers_own(tmp_path: Path) -> Non
         assert name not in inherited, name
 
 
-def test_the_readme_names_every_variable_the_children_do_not_get() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_name_every_variable_the_children_do_not_get() -> None:
+    readme = (ROOT / "docs" / "serving.md").read_text()
     for pattern in ROUTER_ONLY_ENV:
         assert f"`{pattern}`" in readme, pattern
     assert "The `LLAMA_ARG_*` variables are removed from the children's environment" not in readme
