@@ -106,7 +106,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("fifo", "fair"),
         default=envchoice("ROUTERPANEL_QUEUE_POLICY", ("fifo", "fair")),
         help="order of the queue, overriding the stored setting: fifo (arrival, llama.cpp's) "
-        "or fair (priority class, then least recent use; see README, Fair share)",
+        "or fair (priority class, then least recent use; see docs/teams.md, Fair share)",
     )
     parser.add_argument(
         "--demo",

@@ -64,7 +64,7 @@ class Command(BaseCommand):
             "--queue-comments",
             action="store_true",
             help="while a streamed request waits for its model, send the queue position and "
-            "the load's progress as SSE comment lines (README: Queue position in the stream)",
+            "the load's progress as SSE comment lines (docs/teams.md: Queue position)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

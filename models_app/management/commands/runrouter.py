@@ -56,7 +56,7 @@ class Command(BaseCommand):
             metavar="NAME",
             default=settings.ROUTERPANEL_NODE or None,
             type=node_name,
-            help="run as node NAME of several hosts (README, Several hosts); default: the "
+            help="run as node NAME of several hosts (docs/team-deployment.md); default: the "
             "single router of this installation",
         )
         parser.add_argument(
