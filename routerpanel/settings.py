@@ -26,9 +26,9 @@ DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 SECRET_KEY = secret_key_from(DATA_DIR)
 DEBUG = envbool("DEBUG", False)
-# The host names the panel answers to (a request for any other gets 400, see README "Team
-# deployment"), and the origins besides its own whose pages may post its forms and open its
-# WebSocket (an HTTPS proxy in front: https://panel.example.org).
+# The host names the panel answers to (a request for any other gets 400, see
+# docs/team-deployment.md), and the origins besides its own whose pages may post its forms and
+# open its WebSocket (an HTTPS proxy in front: https://panel.example.org).
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
 # Browser origins besides the server's own whose pages may call the API routes that change

@@ -1,4 +1,4 @@
-"""Render the chaos tier's measured figures as the README's fault table.
+"""Render the chaos tier's measured figures as the fault table of docs/faults.md.
 
     .venv/bin/pytest -m chaos            # appends one FAULT line per figure to the file below
     .venv/bin/python tools/fault_table.py [test-artifacts/faults.jsonl]

@@ -15,7 +15,7 @@ Concurrency is counted per web process, from admission (so a queued request coun
 response ends, fails or the client leaves: ``Ticket.release`` runs in the proxy's ``finally``,
 which cancellation and disconnects pass through too. Embedded mode is one process, so the limit
 is exact there; in team mode each of N web processes counts its own requests, so a key may
-have up to N × its limit in flight in all (README, "Scoped keys").
+have up to N × its limit in flight in all (docs/teams.md, "Scoped keys").
 
 Refusals: 403 ``permission_error`` naming the key and the model, 429 with ``Retry-After``, both
 in llama.cpp's error shape and audited through ``audit_window.AuditWindow`` (one row at once,

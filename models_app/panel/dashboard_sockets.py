@@ -7,7 +7,7 @@ open for alice (8): close one"). The sockets already open keep working: the newe
 
 **Where the count lives.** Embedded mode (no ``REDIS_URL``) is one process: ``serve``'s event
 loop owns every socket of the installation, so a count in this process is exact. In team mode
-any number of ``serve --no-router`` processes may hold one user's tabs (README, Team deployment),
+any number of ``serve --no-router`` processes may hold one user's tabs (docs/team-deployment.md),
 so the count is kept in Redis: one sorted set per user whose members are the sockets' channel
 names, each scored with a deadline the socket pushes forward every ``RENEW`` seconds. A socket
 of a process that died without closing it stops counting ``LEASE`` seconds after its last

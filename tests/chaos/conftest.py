@@ -4,7 +4,8 @@ Every test starts RouterPanel as a user does (``manage.py serve`` / ``runrouter`
 simulated children), breaks something for real — a burst, SIGSTOP of a child, a crash loop, a
 flood of output, ``kill -9``, Redis or PostgreSQL going away — and asserts the answer a client
 gets, how long recovery takes, and that no audit row is lost. Every measured figure is also
-appended to ``test-artifacts/faults.jsonl``: the README's fault table is made from those lines.
+appended to ``test-artifacts/faults.jsonl``: the fault table of docs/faults.md is made from
+those lines.
 
 The helpers (``record``, ``chat``, ``child_of``, ``kill9``…) are in tests/support/chaos.py,
 ``RedisServer`` in tests/support/redis_server.py; here are the fixtures.

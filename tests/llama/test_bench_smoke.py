@@ -1,7 +1,7 @@
 """Every benchmark part still runs: ``bench/run_all.py --quick`` on the real llama-server.
 
-The benchmarks are not timed tests (their figures live in the README), but their code must keep
-working as the code it measures changes: a stop once found ``swap.py`` failing on every spawn
+The benchmarks are not timed tests (their figures live in docs/benchmarks.md), but their code must
+keep working as the code it measures changes: a stop once found ``swap.py`` failing on every spawn
 since the supervisor had gained an option, months after the change. The quick run uses small
 counts (its numbers mean nothing); this test only asks that each part runs to its end and
 reports its tables. Team-mode rows need PostgreSQL and Redis; without them the bench says so.

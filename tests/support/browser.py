@@ -185,7 +185,7 @@ def wait_focus(page: Any, element_id: str) -> None:
 
 
 def screenshot(page: Any, name: str, *, height: int | None = None) -> None:
-    """Write a PNG: under docs/ (shown in the README) when refreshing, else test-artifacts/.
+    """Write a PNG: under docs/ (shown on the docs pages) when refreshing, else test-artifacts/.
     ``height``: only the top of the page, that many pixels."""
     SHOTS.mkdir(exist_ok=True)
     if height is None:

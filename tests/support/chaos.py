@@ -1,6 +1,6 @@
 """The chaos tier's helpers: keep a measured figure, a chat body, a server's children, kill -9.
 
-Every measured figure goes to ``test-artifacts/faults.jsonl`` (``record``): the README's fault
+Every measured figure goes to ``test-artifacts/faults.jsonl`` (``record``): docs/faults.md's fault
 table is made from those lines.
 """
 
@@ -22,7 +22,7 @@ FAULTS = ROOT / "test-artifacts" / "faults.jsonl"
 
 
 def record(fault: str, **figures: Any) -> None:
-    """Keep a measured figure for the README's fault table (and print it)."""
+    """Keep a measured figure for the fault table of docs/faults.md (and print it)."""
     FAULTS.parent.mkdir(exist_ok=True)
     line = {"fault": fault, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **figures}
     with FAULTS.open("a") as f:
